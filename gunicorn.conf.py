@@ -1,0 +1,28 @@
+"""gunicorn settings for forkserve: `gunicorn -c gunicorn.conf.py` from the repository root.
+
+Command-line flags override these (`-b 127.0.0.1:PORT`, `-w N`). This file runs in the master:
+it must not import tensorflow or keras, directly or through what it imports.
+"""
+
+from server import hooks
+from server.settings import Settings
+
+_settings = Settings.from_env()
+
+wsgi_app = "server.app:create_app()"
+bind = [_settings.bind]
+workers = _settings.workers
+worker_class = "gthread"
+threads = _settings.threads
+preload_app = False  # NOTE: True would import the app, and with it TensorFlow, in the master
+timeout = 30  # heartbeat; request time is bounded by the in-app deadline (request_timeout_s)
+graceful_timeout = 30
+keepalive = 75  # above nginx's upstream keepalive_timeout (60 s) so nginx closes first
+control_socket_disable = True  # several instances on one host would share ~/.gunicorn/gunicorn.ctl
+loglevel = _settings.log_level
+accesslog = "-"
+access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s version=%({x-model-version}o)s'
+
+on_starting = hooks.on_starting
+post_fork = hooks.post_fork
+post_worker_init = hooks.post_worker_init

@@ -1,0 +1,50 @@
+"""What every API view shares: reading a JSON body, answering JSON, running inference."""
+
+from __future__ import annotations
+
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import numpy as np
+from flask import Response, current_app, request
+
+from server.codecs import jsonio
+from server.errors import ApiError, DeadlineExceeded
+from server.models import ModelRegistry, ModelVersion
+
+# curl -d sends form-urlencoded and TF Serving's docs use it, so that (and none) also means JSON.
+JSON_CONTENT_TYPES = frozenset({"", "application/json", "application/x-www-form-urlencoded", "text/plain"})
+
+
+def registry() -> ModelRegistry:
+    """This worker's models."""
+    return current_app.extensions["forkserve"]
+
+
+def read_json() -> Any:
+    """The request body parsed as JSON; 415 for another content type, 413 over the size limit."""
+    mimetype = request.mimetype or ""
+    if mimetype not in JSON_CONTENT_TYPES and not mimetype.endswith("+json"):
+        raise ApiError(f"unsupported Content-Type {mimetype!r}; send application/json", status=415)
+    return jsonio.loads(request.get_data(cache=False))
+
+
+def json_response(payload: Any, status: int = 200, version: ModelVersion | None = None) -> Response:
+    """A JSON response, with the version that answered in X-Model-Version."""
+    response = Response(jsonio.dumps(payload), status=status, mimetype="application/json")
+    if version is not None:
+        response.headers["X-Model-Version"] = str(version.version)
+    return response
+
+
+def infer(version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool) -> dict[str, np.ndarray]:
+    """Queue the inputs on the version's executor and wait for its rows, within the deadline."""
+    assert version.executor is not None
+    future = version.executor.submit(signature, inputs, rows, batchable)
+    try:
+        return future.result(timeout=version.config.request_timeout_s)
+    except FutureTimeout:
+        future.cancel()
+        raise DeadlineExceeded(
+            f"model {version.name} version {version.version} did not answer within {version.config.request_timeout_s}s"
+        ) from None

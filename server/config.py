@@ -1,0 +1,114 @@
+"""Per-model settings from conf/models.toml (read with tomllib; no TensorFlow here)."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+IMAGE_SCALES = ("unit", "symmetric", "none")
+RESIZE_METHODS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+IMAGE_MODES = ("L", "RGB", "RGBA")
+VERSION_POLICIES = ("latest", "all", "specific")
+
+
+class ConfigError(ValueError):
+    """conf/models.toml is malformed; the server refuses to start."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Settings of one model; every field has a default that serves a plain model."""
+
+    version_policy: str = "latest"
+    latest: int = 1  # how many of the newest versions the "latest" policy serves
+    versions: tuple[int, ...] = ()  # the "specific" policy's versions
+    labels: dict[str, int] = field(default_factory=dict)
+    max_batch_size: int = 64
+    max_batch_delay_ms: float = 0.0
+    max_queue_rows: int = 1024
+    request_timeout_s: float = 30.0  # a request that waits longer is answered 504
+    image_scale: str = "unit"  # unit: [0, 1]; symmetric: [-1, 1]; none: 0..255
+    image_resize: str = "bilinear"
+    image_mode: str = ""  # empty: derived from the model's channel count
+    max_image_pixels: int = 16_000_000
+    allow_non_finite: bool = False
+
+    def validate(self, where: str) -> "ModelConfig":
+        """Raise ConfigError naming `where` when a value is out of range."""
+        checks = [
+            (self.version_policy in VERSION_POLICIES, f"version_policy must be one of {VERSION_POLICIES}"),
+            (self.latest >= 1, "latest must be >= 1"),
+            (all(v >= 1 for v in self.versions), "versions must be positive integers"),
+            (self.version_policy != "specific" or bool(self.versions), "version_policy 'specific' needs versions"),
+            (all(isinstance(v, int) and v >= 1 for v in self.labels.values()), "labels map names to versions"),
+            (self.max_batch_size >= 1, "max_batch_size must be >= 1"),
+            (self.max_batch_delay_ms >= 0, "max_batch_delay_ms must be >= 0"),
+            (self.max_queue_rows >= self.max_batch_size, "max_queue_rows must be >= max_batch_size"),
+            (self.request_timeout_s > 0, "request_timeout_s must be > 0"),
+            (self.image_scale in IMAGE_SCALES, f"image_scale must be one of {IMAGE_SCALES}"),
+            (self.image_resize in RESIZE_METHODS, f"image_resize must be one of {RESIZE_METHODS}"),
+            (self.image_mode in ("",) + IMAGE_MODES, f"image_mode must be one of {IMAGE_MODES}"),
+            (self.max_image_pixels >= 1, "max_image_pixels must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"{where}: {message}")
+        return self
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The defaults and the per-model overrides of conf/models.toml."""
+
+    defaults: ModelConfig = field(default_factory=ModelConfig)
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+
+    def for_model(self, name: str) -> ModelConfig:
+        """Settings of model `name`: its own table over the defaults."""
+        return self.models.get(name, self.defaults)
+
+
+_FIELDS = {f.name for f in fields(ModelConfig)}
+
+
+def _model_config(table: dict[str, Any], base: ModelConfig, where: str) -> ModelConfig:
+    """Apply one TOML table on top of `base`."""
+    unknown = set(table) - _FIELDS
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(_FIELDS)}")
+    values = dict(table)
+    if "versions" in values:
+        values["versions"] = tuple(values["versions"])
+    if "labels" in values:
+        values["labels"] = dict(values["labels"])
+    try:
+        return replace(base, **values).validate(where)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def parse_config(data: dict[str, Any]) -> ServerConfig:
+    """Build a ServerConfig from parsed TOML."""
+    unknown = set(data) - {"defaults", "models"}
+    if unknown:
+        raise ConfigError(f"models.toml: unknown table(s) {sorted(unknown)}")
+    defaults = _model_config(data.get("defaults", {}), ModelConfig(), "[defaults]")
+    models = {
+        name: _model_config(table, defaults, f"[models.{name}]")
+        for name, table in data.get("models", {}).items()
+    }
+    return ServerConfig(defaults=defaults, models=models)
+
+
+def load_config(path: Path) -> ServerConfig:
+    """Read conf/models.toml; a missing file means every default."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return ServerConfig()
+    try:
+        return parse_config(tomllib.loads(raw.decode("utf-8")))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc

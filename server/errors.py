@@ -1,0 +1,45 @@
+"""Errors that reach the client as `{"error": "..."}` with TF Serving's status mapping."""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """A request failed for a reason the client should read; `status` is the HTTP code."""
+
+    status = 500
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+
+
+class InvalidArgument(ApiError):
+    """INVALID_ARGUMENT: the request does not fit the model (400)."""
+
+    status = 400
+
+
+class NotFound(ApiError):
+    """NOT_FOUND: no such model, version, label or signature (404)."""
+
+    status = 404
+
+
+class Unavailable(ApiError):
+    """UNAVAILABLE: the model exists but cannot answer now (503)."""
+
+    status = 503
+
+
+class ResourceExhausted(ApiError):
+    """RESOURCE_EXHAUSTED: the model's queue is full (429 in TF Serving; 503 + Retry-After here)."""
+
+    status = 503
+
+
+class DeadlineExceeded(ApiError):
+    """DEADLINE_EXCEEDED: the request waited past its deadline (504)."""
+
+    status = 504

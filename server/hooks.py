@@ -1,0 +1,72 @@
+"""gunicorn hook bodies, grouped by the process that runs them.
+
+gunicorn.conf.py points each hook here. This module and everything it imports at module level
+must never import tensorflow or keras: the master imports it, and TF state in the master
+hangs the workers it forks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from server.config import load_config
+from server.settings import Settings
+
+log = logging.getLogger("forkserve.hooks")
+
+# --- master process -------------------------------------------------------------------------
+
+
+def on_starting(server: Any) -> None:
+    """Master, before the listeners open: refuse to start on a malformed conf/models.toml."""
+    settings = Settings.from_env()
+    _share_gunicorn_log(server)
+    load_config(settings.conf_path)  # raises ConfigError: a config mistake must stop the start
+    if not settings.models_dir.is_dir():
+        server.log.warning("model repository %s does not exist; serving no models", settings.models_dir)
+    server.log.info(
+        "forkserve: models %s, conf %s, %d workers x %d threads, %d CPUs",
+        settings.models_dir, settings.conf_path, server.cfg.workers, server.cfg.threads, settings.cpus,
+    )
+
+
+def _share_gunicorn_log(server: Any) -> None:
+    """Send forkserve's loggers to gunicorn's error log (workers inherit this after fork)."""
+    forkserve_log = logging.getLogger("forkserve")
+    forkserve_log.handlers = list(server.log.error_log.handlers)
+    forkserve_log.setLevel(server.log.error_log.level)
+    forkserve_log.propagate = False
+
+
+# --- worker process ---------------------------------------------------------------------------
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """Worker, right after fork and before TensorFlow is imported: size the native thread pools.
+
+    OpenMP / oneDNN read these variables once, when TensorFlow loads, so they must be set here.
+    """
+    settings = Settings.from_env()
+    intra = settings.intra_op_for(worker.cfg.workers)
+    os.environ["OMP_NUM_THREADS"] = str(intra)
+    os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)
+    os.environ["TF_NUM_INTEROP_THREADS"] = str(settings.inter_op_threads)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def post_worker_init(worker: Any) -> None:
+    """Worker, after the app is built and before it accepts: load and warm every model.
+
+    Never raises: an exception here exits the worker with gunicorn's boot-error code, and the
+    master then halts the whole server. A model that fails is recorded as failed instead.
+    """
+    settings = Settings.from_env()
+    registry = worker.wsgi.extensions["forkserve"]
+    try:
+        registry.load_all(settings.intra_op_for(worker.cfg.workers), settings.inter_op_threads)
+    except Exception:  # NOTE: a bug here must not halt the server; the worker reports not ready
+        worker.log.exception("forkserve: loading models failed")
+    ready, report = registry.readiness()
+    worker.log.info("forkserve worker %s %s: %s", os.getpid(), "ready" if ready else "NOT ready", report)

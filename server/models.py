@@ -1,0 +1,191 @@
+"""The models one worker serves: their versions, load states and executors.
+
+Loading runs in the worker after fork (post_worker_init), before it accepts a request. No
+TensorFlow at import time: runtime is imported inside `load_all`, in the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.batching import ModelExecutor, bucket_sizes
+from server.config import ModelConfig, ServerConfig
+from server.errors import NotFound, Unavailable
+from server.repository import VersionSource, scan, select_versions
+from server.signature import SignatureInfo
+
+log = logging.getLogger("forkserve.models")
+
+# TF Serving's ManagerState names; a version that failed to load is END with an error status.
+START, LOADING, AVAILABLE, END = "START", "LOADING", "AVAILABLE", "END"
+
+
+@dataclass
+class ModelVersion:
+    """One version of one model in this worker."""
+
+    source: VersionSource
+    config: ModelConfig
+    state: str = START
+    error: str = ""
+    load_seconds: float = 0.0
+    servable: Any = None
+    executor: ModelExecutor | None = None
+
+    @property
+    def name(self) -> str:
+        return self.source.model
+
+    @property
+    def version(self) -> int:
+        return self.source.version
+
+    def signature(self, name: str) -> SignatureInfo:
+        """A signature by name, or NotFound listing the ones there are."""
+        signatures = self.servable.signatures
+        if name not in signatures:
+            raise NotFound(
+                f"signature {name!r} not found in model {self.name} version {self.version}; "
+                f"it has {sorted(signatures)}"
+            )
+        return signatures[name]
+
+    def status(self) -> dict[str, Any]:
+        """TF Serving's model_version_status entry."""
+        return {
+            "version": str(self.version),
+            "state": self.state,
+            "status": {"error_code": "UNKNOWN" if self.error else "OK", "error_message": self.error},
+        }
+
+
+@dataclass
+class Model:
+    """A model name, its settings and the versions this worker tried to load (newest first)."""
+
+    name: str
+    config: ModelConfig
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+
+    def available(self) -> list[ModelVersion]:
+        """Versions that serve, newest first."""
+        return sorted((v for v in self.versions.values() if v.state == AVAILABLE), key=lambda v: -v.version)
+
+    def resolve(self, version: int | None = None, label: str | None = None) -> ModelVersion:
+        """The version a request addresses: explicit, by label, or the latest available."""
+        if label is not None:
+            if label not in self.config.labels:
+                raise NotFound(f"label {label!r} not found for model {self.name}")
+            version = self.config.labels[label]
+        if version is None:
+            ready = self.available()
+            if ready:
+                return ready[0]
+            raise self._not_serving()
+        found = self.versions.get(version)
+        if found is None:
+            raise NotFound(f"Servable not found for request: Specific({self.name}, {version})")
+        if found.state != AVAILABLE:
+            detail = f": {found.error}" if found.error else ""
+            raise Unavailable(f"model {self.name} version {version} is {found.state}{detail}")
+        return found
+
+    def _not_serving(self) -> Exception:
+        """Why no version of this model can answer."""
+        loading = [v.version for v in self.versions.values() if v.state in (START, LOADING)]
+        if loading:
+            return Unavailable(f"model {self.name} is loading version(s) {loading}")
+        failed = [f"version {v.version}: {v.error}" for v in self.versions.values() if v.error]
+        if failed:
+            return Unavailable(f"model {self.name} has no version that loaded ({'; '.join(failed)})")
+        return NotFound(f"Servable not found for request: Latest({self.name})")
+
+
+class ModelRegistry:
+    """Every model this worker serves, by name."""
+
+    def __init__(self, models_dir: Any, config: ServerConfig) -> None:
+        self.models_dir = models_dir
+        self.config = config
+        self.models: dict[str, Model] = {}
+        self.loaded = False
+
+    def get(self, name: str) -> Model:
+        """A model by name, or TF Serving's NotFound."""
+        model = self.models.get(name)
+        if model is None:
+            raise NotFound(f"Servable not found for request: Latest({name})")
+        return model
+
+    def plan(self) -> list[tuple[Model, list[VersionSource], int]]:
+        """Scan the repository and register each model with the versions to try."""
+        plan = []
+        for name, sources in scan(self.models_dir).items():
+            config = self.config.for_model(name)
+            candidates, keep = select_versions(sources, config)
+            model = self.models.setdefault(name, Model(name, config))
+            plan.append((model, candidates, keep))
+        return plan
+
+    def load_all(self, intra_op_threads: int, inter_op_threads: int) -> None:
+        """Load, warm and start every selected version; failures are recorded, never raised."""
+        from server import runtime  # NOTE: the first TensorFlow import of this worker
+
+        runtime.configure_threads(intra_op_threads, inter_op_threads)
+        for model, candidates, keep in self.plan():
+            loaded = 0
+            for source in candidates:
+                if loaded >= keep:
+                    break
+                entry = ModelVersion(source, model.config)
+                model.versions[source.version] = entry
+                if self._load_version(entry, runtime):
+                    loaded += 1
+            if not candidates:
+                log.warning("model %s: no version directory found under %s", model.name, self.models_dir / model.name)
+        self.loaded = True
+
+    def _load_version(self, entry: ModelVersion, runtime: Any) -> bool:
+        """Load and warm one version; on any failure mark it END with the reason."""
+        entry.state = LOADING
+        started = time.monotonic()
+        try:
+            servable = runtime.load_servable(entry.source)
+            calls = servable.warm_up(bucket_sizes(entry.config.max_batch_size))
+        except Exception as exc:  # a bad model must never take the worker down
+            entry.state, entry.error = END, f"failed to load: {type(exc).__name__}: {exc}".strip()[:2000]
+            entry.load_seconds = time.monotonic() - started
+            log.error("model %s version %s failed to load after %.2fs: %s", entry.name, entry.version, entry.load_seconds, entry.error)
+            return False
+        entry.servable = servable
+        entry.executor = ModelExecutor(
+            f"{entry.name}/{entry.version}",
+            servable.run,
+            entry.config.max_batch_size,
+            entry.config.max_batch_delay_ms / 1000.0,
+            entry.config.max_queue_rows,
+        )
+        entry.executor.start()
+        entry.state = AVAILABLE
+        entry.load_seconds = time.monotonic() - started
+        log.info(
+            "model %s version %s (%s) loaded and warmed (%d calls) in %.2fs",
+            entry.name, entry.version, entry.source.format, calls, entry.load_seconds,
+        )
+        return True
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when loading is over and every model has a version that serves."""
+        report: dict[str, Any] = {}
+        ready = self.loaded
+        for name, model in sorted(self.models.items()):
+            states = {str(v.version): v.state for v in model.versions.values()}
+            failed = {str(v.version): v.error for v in model.versions.values() if v.error}
+            serving = [v.version for v in model.available()]
+            report[name] = {"serving": serving, "states": states, **({"failed": failed} if failed else {})}
+            if not serving:
+                ready = False
+        return ready, report

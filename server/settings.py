@@ -1,0 +1,73 @@
+"""Process-wide settings: the only module that reads os.environ (no TensorFlow here)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_BIND = "127.0.0.1:8000"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: affinity mask and cgroup v2 quota, whichever is smaller."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            count = min(count, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, count)
+
+
+def _env_int(name: str, default: int) -> int:
+    """Read a positive integer from the environment, or the default."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything forkserve reads from its environment, resolved once."""
+
+    models_dir: Path
+    conf_path: Path
+    bind: str
+    workers: int
+    threads: int
+    cpus: int
+    intra_op_threads: int  # 0 = derive from cpus // workers
+    inter_op_threads: int
+    max_body_bytes: int
+    log_level: str
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        """Build settings from FORKSERVE_* variables with documented defaults."""
+        cpus = available_cpus()
+        return cls(
+            models_dir=Path(os.environ.get("FORKSERVE_MODELS", "models")).resolve(),
+            conf_path=Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve(),
+            bind=os.environ.get("FORKSERVE_BIND", DEFAULT_BIND),
+            workers=_env_int("FORKSERVE_WORKERS", cpus) or cpus,
+            threads=_env_int("FORKSERVE_THREADS", 8) or 8,
+            cpus=cpus,
+            intra_op_threads=_env_int("FORKSERVE_INTRA_OP_THREADS", 0),
+            inter_op_threads=_env_int("FORKSERVE_INTER_OP_THREADS", 1) or 1,
+            max_body_bytes=_env_int("FORKSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+            log_level=os.environ.get("FORKSERVE_LOG_LEVEL", "info"),
+        )
+
+    def intra_op_for(self, workers: int) -> int:
+        """TensorFlow intra-op threads for one worker when `workers` share the CPUs."""
+        if self.intra_op_threads:
+            return self.intra_op_threads
+        return max(1, self.cpus // max(1, workers))

@@ -1,0 +1,98 @@
+"""Model signatures as plain data, so codecs and validation need no TensorFlow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# numpy dtype name -> TF DataType enum name (TF Serving's metadata uses the enum names).
+TF_DTYPE_NAMES = {
+    "float16": "DT_HALF",
+    "float32": "DT_FLOAT",
+    "float64": "DT_DOUBLE",
+    "int8": "DT_INT8",
+    "int16": "DT_INT16",
+    "int32": "DT_INT32",
+    "int64": "DT_INT64",
+    "uint8": "DT_UINT8",
+    "uint16": "DT_UINT16",
+    "uint32": "DT_UINT32",
+    "uint64": "DT_UINT64",
+    "bool": "DT_BOOL",
+    "string": "DT_STRING",
+}
+
+METHOD_NAMES = {
+    "predict": "tensorflow/serving/predict",
+    "classify": "tensorflow/serving/classify",
+    "regress": "tensorflow/serving/regress",
+}
+
+Shape = tuple[int | None, ...] | None  # None: unknown rank; a None dimension: any size
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Name, numpy dtype name ("string" for bytes) and shape of one signature tensor."""
+
+    name: str
+    dtype: str
+    shape: Shape
+
+    @property
+    def example_shape(self) -> Shape:
+        """Shape of one example: the signature shape without its batch dimension."""
+        if self.shape is None or len(self.shape) == 0:
+            return None if self.shape is None else ()
+        return self.shape[1:]
+
+    @property
+    def is_image(self) -> bool:
+        """A rank-4 float tensor (batch, height, width, channels) with known spatial size."""
+        return (
+            self.shape is not None
+            and len(self.shape) == 4
+            and self.dtype.startswith("float")
+            and all(d is not None for d in self.shape[1:])
+        )
+
+    def describe_shape(self) -> str:
+        """Shape as TF prints it, -1 for any size."""
+        if self.shape is None:
+            return "<unknown rank>"
+        return "[" + ", ".join("-1" if d is None else str(d) for d in self.shape) + "]"
+
+    def tfserving_metadata(self) -> dict:
+        """TensorInfo in TF Serving's JSON form (int64 sizes as strings, as protobuf JSON does)."""
+        if self.shape is None:
+            shape: dict = {"dim": [], "unknown_rank": True}
+        else:
+            dims = [{"size": str(-1 if d is None else d), "name": ""} for d in self.shape]
+            shape = {"dim": dims, "unknown_rank": False}
+        return {"dtype": TF_DTYPE_NAMES.get(self.dtype, "DT_INVALID"), "tensor_shape": shape, "name": self.name}
+
+
+@dataclass(frozen=True)
+class SignatureInfo:
+    """One callable signature of a model version."""
+
+    name: str
+    method: str  # "predict", "classify" or "regress"
+    inputs: dict[str, TensorInfo]
+    outputs: dict[str, TensorInfo]
+    # TF1 graphs (TF Serving's half_plus_two) check no shapes when fed, like TF Serving itself;
+    # traced TF2 functions reject a shape that differs from their signature.
+    strict_shapes: bool = True
+
+    @property
+    def batchable(self) -> bool:
+        """Rows of different requests can share one call: every input has a free batch dimension."""
+        return all(t.shape is not None and len(t.shape) >= 1 and t.shape[0] is None for t in self.inputs.values())
+
+    def tfserving_metadata(self) -> dict:
+        """SignatureDef in TF Serving's JSON form."""
+        return {
+            "inputs": {k: v.tfserving_metadata() for k, v in self.inputs.items()},
+            "outputs": {k: v.tfserving_metadata() for k, v in self.outputs.items()},
+            "method_name": METHOD_NAMES[self.method],
+            "defaults": {},
+        }
