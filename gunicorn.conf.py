@@ -26,3 +26,4 @@ access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s v
 on_starting = hooks.on_starting
 post_fork = hooks.post_fork
 post_worker_init = hooks.post_worker_init
+child_exit = hooks.child_exit

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import time
 from typing import Any
 
 from server.config import load_config
 from server.settings import Settings
+from server.state import remove_worker_state, workers_dir, write_worker_state
 
 log = logging.getLogger("forkserve.hooks")
 
@@ -22,14 +25,23 @@ log = logging.getLogger("forkserve.hooks")
 def on_starting(server: Any) -> None:
     """Master, before the listeners open: refuse to start on a malformed conf/models.toml."""
     settings = Settings.from_env()
+    settings.export()
     _share_gunicorn_log(server)
     load_config(settings.conf_path)  # raises ConfigError: a config mistake must stop the start
+    shutil.rmtree(workers_dir(settings.run_dir), ignore_errors=True)
+    workers_dir(settings.run_dir).mkdir(parents=True, exist_ok=True)
     if not settings.models_dir.is_dir():
         server.log.warning("model repository %s does not exist; serving no models", settings.models_dir)
     server.log.info(
         "forkserve: models %s, conf %s, %d workers x %d threads, %d CPUs",
         settings.models_dir, settings.conf_path, server.cfg.workers, server.cfg.threads, settings.cpus,
     )
+    server.log.info("forkserve: run directory %s", settings.run_dir)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """Master, after reaping a worker (SIGKILL included): forget its published state."""
+    remove_worker_state(Settings.from_env().run_dir, worker.pid)
 
 
 def _share_gunicorn_log(server: Any) -> None:
@@ -70,3 +82,8 @@ def post_worker_init(worker: Any) -> None:
         worker.log.exception("forkserve: loading models failed")
     ready, report = registry.readiness()
     worker.log.info("forkserve worker %s %s: %s", os.getpid(), "ready" if ready else "NOT ready", report)
+    write_worker_state(
+        settings.run_dir,
+        os.getpid(),
+        {"pid": os.getpid(), "loaded": True, "ready": ready, "models": report, "booted_at": time.time()},
+    )

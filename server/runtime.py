@@ -113,6 +113,7 @@ class KerasServable(Servable):
             for t, name in zip(self.model.inputs, input_names)
         ]
         self.output_names = _keras_output_names(self.model)
+        self.input_structure = _keras_input_structure(self.model)
         self.function = tf.function(self._forward, input_signature=specs, autograph=False)
         self.concrete = self.function.get_concrete_function()
         outputs = self.concrete.structured_outputs
@@ -130,8 +131,7 @@ class KerasServable(Servable):
         import keras
 
         by_name = dict(zip(self.input_names, inputs))
-        # model.input is the structure the model was built with (tensor, list or dict).
-        feed = keras.tree.map_structure(lambda t: by_name[t.name], self.model.input)
+        feed = keras.tree.map_structure(lambda t: by_name[t.name], self.input_structure)
         result = self.model(feed, training=False)
         if isinstance(result, dict):
             return dict(result)
@@ -178,6 +178,14 @@ class SavedModelServable(Servable):
 
     def _call(self, signature: str, tensors: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         return self.functions[signature](**tensors)
+
+
+def _keras_input_structure(model: Any) -> Any:
+    """The structure the model was built with (tensor, list or dict), to call it the same way."""
+    try:
+        return model.input  # functional models; a dict-built model must be called with a dict
+    except (AttributeError, ValueError):  # Sequential loaded from a Keras 2 file has only .inputs
+        return model.inputs[0] if len(model.inputs) == 1 else list(model.inputs)
 
 
 def _keras_output_names(model: Any) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class Settings:
     inter_op_threads: int
     max_body_bytes: int
     log_level: str
+    run_dir: Path  # worker state files (and later the metrics directory); one per instance
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -64,7 +66,14 @@ class Settings:
             inter_op_threads=_env_int("FORKSERVE_INTER_OP_THREADS", 1) or 1,
             max_body_bytes=_env_int("FORKSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             log_level=os.environ.get("FORKSERVE_LOG_LEVEL", "info"),
+            run_dir=Path(
+                os.environ.get("FORKSERVE_RUN_DIR") or Path(tempfile.gettempdir()) / f"forkserve-{os.getpid()}"
+            ).resolve(),
         )
+
+    def export(self) -> None:
+        """Master only: pin derived paths in the environment so forked workers agree with it."""
+        os.environ["FORKSERVE_RUN_DIR"] = str(self.run_dir)
 
     def intra_op_for(self, workers: int) -> int:
         """TensorFlow intra-op threads for one worker when `workers` share the CPUs."""

@@ -125,10 +125,10 @@ def encode_predict(outputs: dict[str, np.ndarray], row_format: bool) -> dict[str
     return {"outputs": {n: _output_value(n, a) for n, a in outputs.items()}}
 
 
-def _feature(value: Any, example_pb2: Any) -> Any:
+def _feature(value: Any, feature_pb2: Any) -> Any:
     """One JSON feature value (scalar or list) to a tf.train.Feature."""
     values = value if isinstance(value, list) else [value]
-    feature = example_pb2.Feature()
+    feature = feature_pb2.Feature()
     if all(isinstance(v, bool) for v in values) or not values:
         if values:
             raise InvalidArgument("tf.Example features cannot be booleans")
@@ -152,7 +152,7 @@ def _feature(value: Any, example_pb2: Any) -> Any:
 def decode_examples(body: Any) -> tuple[str, np.ndarray]:
     """classify/regress body (`examples` + optional `context`) to serialized tf.Examples."""
     # NOTE: runs in a worker, where TensorFlow is already loaded; the protobuf class is all we use.
-    from tensorflow.core.example import example_pb2
+    from tensorflow.core.example import example_pb2, feature_pb2
 
     body = request_object(body)
     unknown = sorted(set(body) - {"examples", "context", "signature_name"})
@@ -170,7 +170,7 @@ def decode_examples(body: Any) -> tuple[str, np.ndarray]:
             raise InvalidArgument("each example must be an object of feature name to value")
         message = example_pb2.Example()
         for key, value in {**context, **example}.items():
-            message.features.feature[key].CopyFrom(_feature(value, example_pb2))
+            message.features.feature[key].CopyFrom(_feature(value, feature_pb2))
         serialized.append(message.SerializeToString())
     return signature_name(body), np.array(serialized, dtype=object)
 

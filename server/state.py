@@ -1,0 +1,50 @@
+"""Per-worker state files in the run directory: how the master learns what a worker serves.
+
+A worker writes `<run_dir>/workers/<pid>.json` once its models are loaded and warm; the master
+(child_exit) removes it when the worker is gone. Written by rename, so a reader never sees half.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def workers_dir(run_dir: Path) -> Path:
+    """Where the worker state files live."""
+    return run_dir / "workers"
+
+
+def write_worker_state(run_dir: Path, pid: int, state: dict[str, Any]) -> Path:
+    """Atomically publish one worker's state."""
+    directory = workers_dir(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{pid}.json"
+    temporary = directory / f".{pid}.json.tmp"
+    temporary.write_text(json.dumps(state, sort_keys=True))
+    os.replace(temporary, target)
+    return target
+
+
+def remove_worker_state(run_dir: Path, pid: int) -> None:
+    """Forget a worker that exited."""
+    try:
+        (workers_dir(run_dir) / f"{pid}.json").unlink()
+    except FileNotFoundError:
+        pass
+
+
+def read_worker_states(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """Every published worker state by pid."""
+    states = {}
+    directory = workers_dir(run_dir)
+    if not directory.is_dir():
+        return states
+    for path in directory.glob("*.json"):
+        try:
+            states[int(path.stem)] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # removed or replaced while reading
+    return states

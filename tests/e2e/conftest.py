@@ -1,0 +1,121 @@
+"""A model repository of every supported format and one shared 2-worker server over it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from tests.e2e.harness import Server
+
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+TFSERVING_TESTDATA = Path(os.environ.get("FORKSERVE_TFSERVING_TESTDATA", SHARED / "testdata" / "tfserving"))
+KERAS2 = Path(__file__).resolve().parents[1] / "data" / "keras2"
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MAX_BODY_BYTES = 1024 * 1024
+
+CONF = """
+[models.digits]
+image_mode = "L"
+image_resize = "box"
+
+[models.mlp]
+labels = { stable = 1 }
+
+[models.k3cnn]
+image_resize = "bilinear"
+image_scale = "unit"
+
+[models.fallback]
+latest = 1
+
+[models.nonfinite]
+allow_non_finite = true
+"""
+
+
+def build_keras3_models(root: Path) -> None:
+    """Small Keras 3 models with fixed seeds: an image CNN and an MLP (TF imported here only)."""
+    import keras
+
+    keras.utils.set_random_seed(7)
+    cnn = keras.Sequential(
+        [
+            keras.Input(shape=(10, 12, 3), name="pixels"),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(5, activation="softmax", name="scores"),
+        ]
+    )
+    (root / "k3cnn" / "1").mkdir(parents=True)
+    cnn.save(root / "k3cnn" / "1" / "model.keras")
+
+    inputs = keras.Input(shape=(20,), name="features")
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    mlp = keras.Model(inputs, keras.layers.Dense(2, name="logits")(hidden))
+    for name in ("mlp", "nonfinite"):
+        (root / name / "1").mkdir(parents=True)
+        mlp.save(root / name / "1" / "model.keras")
+
+
+def build_repository(root: Path) -> Path:
+    """TF Serving's test models, Keras 3, Keras 2 HDF5, a Keras 2 SavedModel and broken models."""
+    shutil.copytree(TFSERVING_TESTDATA / "saved_model_half_plus_two_cpu", root / "half_plus_two")
+    shutil.copytree(TFSERVING_TESTDATA / "saved_model_half_plus_two_tf2_cpu", root / "half_plus_two_tf2")
+    build_keras3_models(root)
+    for name, source in (("cnn_h5", "cnn.h5"), ("multi_h5", "multi.h5"), ("lambda_h5", "lambda.h5")):
+        (root / name / "1").mkdir(parents=True)
+        shutil.copy(KERAS2 / source, root / name / "1" / source)
+    shutil.copytree(KERAS2 / "cnn_savedmodel", root / "cnn_savedmodel" / "1")
+    shutil.copytree(REPO_ROOT / "models" / "digits", root / "digits")
+    # A corrupt model: random bytes where a .keras zip should be.
+    (root / "corrupt" / "1").mkdir(parents=True)
+    (root / "corrupt" / "1" / "model.keras").write_bytes(np.random.default_rng(0).bytes(4096))
+    # A good version 1 and a truncated version 2: the latest policy falls back to 1.
+    shutil.copytree(root / "mlp" / "1", root / "fallback" / "1")
+    (root / "fallback" / "2").mkdir(parents=True)
+    good = (root / "mlp" / "1" / "model.keras").read_bytes()
+    (root / "fallback" / "2" / "model.keras").write_bytes(good[: len(good) // 2])
+    # Ignored entries: hidden and non-numeric directories must never be loaded.
+    (root / ".staging" / "1").mkdir(parents=True)
+    (root / "mlp" / "tmp").mkdir()
+    return root
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared model repository (built once per session)."""
+    return build_repository(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def server(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One forkserve with 2 workers over the shared repository, for the whole session."""
+    run_dir = tmp_path_factory.mktemp("run")
+    conf = run_dir / "models.toml"
+    conf.write_text(CONF)
+    instance = Server(
+        models_dir=model_repo,
+        run_dir=run_dir,
+        conf_path=conf,
+        workers=2,
+        env={"FORKSERVE_MAX_BODY_BYTES": str(MAX_BODY_BYTES)},
+    ).start()
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture(scope="session")
+def keras_models(model_repo: Path) -> dict:
+    """The repository's Keras models loaded in this process: the reference answers."""
+    import keras
+
+    return {
+        name: keras.saving.load_model(next((model_repo / name / "1").iterdir()), compile=False)
+        for name in ("mlp", "k3cnn", "digits", "cnn_h5", "multi_h5")
+    }

@@ -1,0 +1,124 @@
+"""Start and stop a real forkserve (gunicorn) process for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+
+from server.state import read_worker_states
+
+ROOT = Path(__file__).resolve().parents[2]
+GUNICORN = Path(sys.executable).with_name("gunicorn")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll `condition` until it returns something truthy or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass
+class Server:
+    """One gunicorn master started from the repository root with gunicorn.conf.py."""
+
+    models_dir: Path
+    run_dir: Path
+    conf_path: Path | None = None
+    workers: int = 2
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 180.0) -> "Server":
+        """Start gunicorn and wait until every worker has loaded its models."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.run_dir / "gunicorn.log"
+        env = {
+            **os.environ,
+            "FORKSERVE_MODELS": str(self.models_dir),
+            "FORKSERVE_RUN_DIR": str(self.run_dir),
+            "FORKSERVE_CONF": str(self.conf_path or self.run_dir / "no-models.toml"),
+            **self.env,
+        }
+        command = [
+            str(GUNICORN), "-c", "gunicorn.conf.py",
+            "-b", f"127.0.0.1:{self.port}", "-w", str(self.workers), *self.extra_args,
+        ]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.wait_workers_loaded(self.workers, timeout)
+        return self
+
+    def worker_pids(self) -> list[int]:
+        """Live workers that published their state (that is: finished loading)."""
+        return sorted(pid for pid in read_worker_states(self.run_dir) if pid_alive(pid))
+
+    def wait_workers_loaded(self, count: int, timeout: float = 180.0) -> list[int]:
+        """Wait until `count` live workers have loaded, failing early if the master died."""
+
+        def loaded() -> list[int] | None:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited with {self.process.returncode}:\n{self.log()}")
+            pids = self.worker_pids()
+            return pids if len(pids) >= count else None
+
+        return wait_until(loaded, timeout, f"{count} forkserve workers to load")
+
+    def log(self) -> str:
+        """Everything gunicorn wrote so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """Graceful stop (TERM), then KILL if it does not exit in time."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(timeout)
+
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        return requests.get(self.url + path, timeout=30, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> requests.Response:
+        return requests.post(self.url + path, timeout=30, **kwargs)
