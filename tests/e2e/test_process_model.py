@@ -1,0 +1,34 @@
+"""The process model: TensorFlow only in workers, and a killed worker is replaced without halting."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from tests.e2e.harness import Server, pid_alive, wait_until
+
+
+def _maps_tensorflow(pid: int) -> bool:
+    """True when the process has TensorFlow's shared library mapped."""
+    return "libtensorflow" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_master_never_loads_tensorflow_and_workers_do(server: Server) -> None:
+    assert server.process is not None
+    assert not _maps_tensorflow(server.process.pid)
+    workers = server.worker_pids()
+    assert len(workers) == 2
+    assert all(_maps_tensorflow(pid) for pid in workers)
+    assert all(int(Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[1]) == server.process.pid for pid in workers)
+
+
+def test_sigkilled_worker_is_replaced_and_serving_continues(server: Server) -> None:
+    victim = server.worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(victim) and victim not in server.worker_pids(), 30, "the killed worker to be reaped")
+    pids = server.wait_workers_loaded(2, timeout=120)
+    assert victim not in pids
+    assert not _maps_tensorflow(server.process.pid)
+    response = server.post("/v1/models/half_plus_two:predict", json={"instances": [1.0]})
+    assert response.json() == {"predictions": [2.5]}

@@ -1,0 +1,137 @@
+"""Process settings from FORKSERVE_* environment variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from server.settings import DEFAULT_BIND, DEFAULT_MAX_BODY_BYTES, Settings, available_cpus
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """No FORKSERVE_* variables set, and tmp_path as the working directory."""
+    for name in list(os.environ):
+        if name.startswith("FORKSERVE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return monkeypatch
+
+
+def test_available_cpus_is_positive_and_within_affinity() -> None:
+    cpus = available_cpus()
+    assert cpus >= 1
+    assert cpus <= len(os.sched_getaffinity(0))
+
+
+def test_from_env_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings = Settings.from_env()
+    cpus = available_cpus()
+    assert settings.models_dir == (tmp_path / "models").resolve()
+    assert settings.conf_path == (tmp_path / "conf" / "models.toml").resolve()
+    assert settings.bind == DEFAULT_BIND == "127.0.0.1:8000"
+    assert settings.cpus == cpus
+    assert settings.workers == cpus
+    assert settings.threads == 8
+    assert settings.intra_op_threads == 0
+    assert settings.inter_op_threads == 1
+    assert settings.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 32 * 1024 * 1024
+    assert settings.log_level == "info"
+    assert settings.run_dir == (Path(tempfile.gettempdir()) / f"forkserve-{os.getpid()}").resolve()
+
+
+def test_from_env_reads_every_variable(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("FORKSERVE_MODELS", "repo")
+    clean_env.setenv("FORKSERVE_CONF", str(tmp_path / "etc" / "m.toml"))
+    clean_env.setenv("FORKSERVE_BIND", "0.0.0.0:9000")
+    clean_env.setenv("FORKSERVE_WORKERS", "3")
+    clean_env.setenv("FORKSERVE_THREADS", " 16 ")
+    clean_env.setenv("FORKSERVE_INTRA_OP_THREADS", "2")
+    clean_env.setenv("FORKSERVE_INTER_OP_THREADS", "4")
+    clean_env.setenv("FORKSERVE_MAX_BODY_BYTES", "1000")
+    clean_env.setenv("FORKSERVE_LOG_LEVEL", "debug")
+    clean_env.setenv("FORKSERVE_RUN_DIR", "run")
+    settings = Settings.from_env()
+    assert settings.models_dir == (tmp_path / "repo").resolve()  # relative paths resolve against the cwd
+    assert settings.models_dir.is_absolute()
+    assert settings.conf_path == tmp_path / "etc" / "m.toml"
+    assert settings.bind == "0.0.0.0:9000"
+    assert settings.workers == 3
+    assert settings.threads == 16
+    assert settings.intra_op_threads == 2
+    assert settings.inter_op_threads == 4
+    assert settings.max_body_bytes == 1000
+    assert settings.log_level == "debug"
+    assert settings.run_dir == (tmp_path / "run").resolve()
+
+
+def test_export_pins_the_run_dir_for_forked_workers(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("FORKSERVE_RUN_DIR", "")  # so monkeypatch restores the variable after export() sets it
+    first = Settings.from_env()
+    first.export()
+    assert os.environ["FORKSERVE_RUN_DIR"] == str(first.run_dir)
+    clean_env.chdir(tmp_path.parent)  # a worker re-reading the environment gets the same directory
+    assert Settings.from_env().run_dir == first.run_dir
+
+
+def test_zero_or_empty_counts_fall_back_to_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("FORKSERVE_WORKERS", "0")
+    clean_env.setenv("FORKSERVE_THREADS", "0")
+    clean_env.setenv("FORKSERVE_INTER_OP_THREADS", "0")
+    clean_env.setenv("FORKSERVE_INTRA_OP_THREADS", "")
+    settings = Settings.from_env()
+    assert settings.workers == available_cpus()
+    assert settings.threads == 8
+    assert settings.inter_op_threads == 1
+    assert settings.intra_op_threads == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "lots", "1.5"])
+def test_bad_integer_variable_raises_value_error(clean_env: pytest.MonkeyPatch, value: str) -> None:
+    clean_env.setenv("FORKSERVE_WORKERS", value)
+    with pytest.raises(ValueError):
+        Settings.from_env()
+
+
+def test_negative_variable_error_names_the_variable(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("FORKSERVE_THREADS", "-4")
+    with pytest.raises(ValueError, match="FORKSERVE_THREADS must not be negative, got -4"):
+        Settings.from_env()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: settings.py _env_int calls int(raw) unguarded: 'invalid literal for int()' does not name the variable",
+)
+def test_non_integer_variable_error_names_the_variable(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("FORKSERVE_WORKERS", "lots")
+    with pytest.raises(ValueError, match="FORKSERVE_WORKERS"):
+        Settings.from_env()
+
+
+def settings_with(cpus: int, intra_op_threads: int = 0) -> Settings:
+    """Settings from the current environment with `cpus` CPUs and the given intra-op override."""
+    return dataclasses.replace(Settings.from_env(), cpus=cpus, intra_op_threads=intra_op_threads)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "expected"),
+    [(8, 1, 8), (8, 2, 4), (8, 3, 2), (8, 8, 1), (2, 4, 1), (4, 0, 4), (1, 1, 1)],
+)
+def test_intra_op_for_shares_cpus_between_workers(
+    clean_env: pytest.MonkeyPatch, cpus: int, workers: int, expected: int
+) -> None:
+    assert settings_with(cpus).intra_op_for(workers) == expected
+
+
+def test_intra_op_for_uses_the_explicit_setting(clean_env: pytest.MonkeyPatch) -> None:
+    assert settings_with(8, intra_op_threads=3).intra_op_for(4) == 3
+
+
+def test_settings_are_frozen(clean_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings_with(2).cpus = 4  # type: ignore[misc]
