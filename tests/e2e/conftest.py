@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -12,9 +11,9 @@ import pytest
 
 from tests.e2e.harness import Server
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-TFSERVING_TESTDATA = Path(os.environ.get("FORKSERVE_TFSERVING_TESTDATA", SHARED / "testdata" / "tfserving"))
-KERAS2 = Path(__file__).resolve().parents[1] / "data" / "keras2"
+DATA = Path(__file__).resolve().parents[1] / "data"
+TFSERVING_TESTDATA = DATA / "tfserving"  # TensorFlow Serving's own test models (Apache-2.0)
+KERAS2 = DATA / "keras2"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_BODY_BYTES = 1024 * 1024

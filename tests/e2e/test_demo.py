@@ -1,0 +1,57 @@
+"""The README's demo: `gunicorn -c gunicorn.conf.py` over the bundled models/ and conf/ answers the example."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from tests.e2e.harness import ROOT, Server, wait_until
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The bundled repository with the bundled conf, one worker."""
+    instance = Server(
+        models_dir=ROOT / "models", run_dir=tmp_path_factory.mktemp("demo"), conf_path=ROOT / "conf" / "models.toml", workers=1
+    ).start()
+    yield instance
+    instance.stop()
+
+
+def test_demo_is_ready_and_answers_the_readme_request(demo: Server) -> None:
+    ready = demo.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["models"]["digits"]["serving"] == [1]
+    result = subprocess.run(
+        ["bash", str(ROOT / "examples" / "predict_digit.sh")],
+        env={"FORKSERVE_URL": demo.url, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert '"predictions"' in result.stdout
+    predictions = json.loads(result.stdout)["predictions"][0]
+    assert max(range(10), key=lambda i: predictions[i]) == 3
+
+
+def test_readme_shows_the_real_answer(demo: Server) -> None:
+    png = (ROOT / "examples" / "digit.png").read_bytes()
+    answer = demo.post("/v1/models/digits:predict", json={"instances": [{"b64": base64.b64encode(png).decode()}]})
+    readme = (ROOT / "README.md").read_text()
+    # The README quotes the answer in the first line starting with {"predictions"; it must be this one.
+    quoted = next(line for line in readme.splitlines() if line.startswith('{"predictions"'))
+    assert np.allclose(json.loads(quoted)["predictions"], answer.json()["predictions"], atol=1e-6)
+
+
+def test_sigterm_stops_the_server_gracefully(tmp_path: Path) -> None:
+    instance = Server(models_dir=tmp_path / "empty", run_dir=tmp_path / "run", workers=1).start(timeout=60)
+    assert instance.get("/readyz").status_code == 200
+    assert instance.stop() == 0
+    wait_until(lambda: instance.process is not None and instance.process.poll() is not None, 10, "master exit")

@@ -1,0 +1,47 @@
+"""gunicorn.conf.py: documented defaults, no TensorFlow in the master."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = """
+import json, os, runpy, sys
+conf = runpy.run_path("gunicorn.conf.py")
+print(json.dumps({
+    "bind": conf["bind"], "workers": conf["workers"], "worker_class": conf["worker_class"],
+    "threads": conf["threads"], "preload_app": conf["preload_app"], "cpus": len(os.sched_getaffinity(0)),
+    "heavy": sorted(m for m in ("tensorflow", "keras", "tf_keras") if m in sys.modules),
+    "hooks": sorted(k for k in ("on_starting", "post_fork", "post_worker_init", "child_exit") if callable(conf.get(k))),
+}))
+"""
+
+
+def _load(env: dict[str, str]) -> dict:
+    """Evaluate gunicorn.conf.py in a fresh interpreter, as the master does."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FORKSERVE_")}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    conf = _load({})
+    assert conf["bind"] == ["127.0.0.1:8000"]
+    assert conf["workers"] == conf["cpus"]
+    assert conf["worker_class"] == "gthread" and conf["threads"] >= 4
+    assert conf["preload_app"] is False
+    assert conf["hooks"] == ["child_exit", "on_starting", "post_fork", "post_worker_init"]
+
+
+def test_master_config_imports_no_tensorflow() -> None:
+    assert _load({})["heavy"] == []
+
+
+def test_environment_overrides() -> None:
+    conf = _load({"FORKSERVE_BIND": "127.0.0.1:9999", "FORKSERVE_WORKERS": "3", "FORKSERVE_THREADS": "4"})
+    assert conf["bind"] == ["127.0.0.1:9999"] and conf["workers"] == 3 and conf["threads"] == 4
