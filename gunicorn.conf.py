@@ -4,10 +4,12 @@ Command-line flags override these (`-b 127.0.0.1:PORT`, `-w N`). This file runs 
 it must not import tensorflow or keras, directly or through what it imports.
 """
 
-from server import hooks
 from server.settings import Settings
 
 _settings = Settings.from_env()
+_settings.export()  # NOTE: before server.hooks imports prometheus_client (multiprocess mode)
+
+from server import hooks  # noqa: E402
 
 wsgi_app = "server.app:create_app()"
 bind = [_settings.bind]
@@ -26,4 +28,5 @@ access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s v
 on_starting = hooks.on_starting
 post_fork = hooks.post_fork
 post_worker_init = hooks.post_worker_init
+worker_exit = hooks.worker_exit
 child_exit = hooks.child_exit

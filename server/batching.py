@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from server import metrics
 from server.errors import ApiError, ResourceExhausted
 
 log = logging.getLogger("forkserve.batching")
@@ -50,6 +51,8 @@ class Job:
     batchable: bool
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.monotonic)
+    started: float = 0.0  # set by the executor when the call that holds this job begins
+    finished: float = 0.0
 
     def batch_key(self) -> tuple:
         """Jobs with equal keys can be concatenated into one call."""
@@ -68,9 +71,16 @@ class ModelExecutor:
         max_batch_size: int,
         max_batch_delay_s: float,
         max_queue_rows: int,
+        traces: Callable[[], int] | None = None,
+        model: str = "",
     ) -> None:
         self.name = name
         self._run = run
+        self._traces = traces
+        self._traces_seen = traces() if traces else 0
+        self.model = model or name
+        self._queue_gauge = metrics.QUEUE_ROWS.labels(self.model)
+        self._batch_histogram = metrics.BATCH_ROWS.labels(self.model)
         self.max_batch_size = max_batch_size
         self.max_batch_delay_s = max_batch_delay_s
         self.max_queue_rows = max_queue_rows
@@ -96,20 +106,22 @@ class ModelExecutor:
         """Rows waiting (not yet running)."""
         return self._queued_rows
 
-    def submit(self, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool) -> Future:
+    def submit(self, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool) -> Job:
         """Queue one request; raise ResourceExhausted at once when the queue is full."""
         job = Job(signature, inputs, rows, batchable)
         with self._cond:
             if self._stopping:
                 raise ApiError(f"model {self.name} is shutting down", status=503)
             if self._queued_rows and self._queued_rows + rows > self.max_queue_rows:
+                metrics.REJECTED_REQUESTS.labels(self.model, "queue_full").inc()
                 raise ResourceExhausted(
                     f"model {self.name} queue is full ({self._queued_rows} rows waiting, limit {self.max_queue_rows})"
                 )
             self._jobs.append(job)
             self._queued_rows += rows
             self._cond.notify()
-        return job.future
+        self._queue_gauge.inc(rows)
+        return job
 
     def _take(self) -> list[Job] | None:
         """Block for the next job, then gather compatible queued jobs up to max_batch_size rows."""
@@ -133,8 +145,10 @@ class ModelExecutor:
                     if remaining <= 0 or self._stopping:
                         break
                     self._cond.wait(remaining)
-            self._queued_rows -= sum(job.rows for job in batch)
-            return batch
+            taken = sum(job.rows for job in batch)
+            self._queued_rows -= taken
+        self._queue_gauge.dec(taken)
+        return batch
 
     def _first_fitting(self, key: tuple, room: int) -> Job | None:
         """Remove and return the oldest queued job that fits the batch (FIFO otherwise kept)."""
@@ -147,14 +161,38 @@ class ModelExecutor:
         return None
 
     def _loop(self) -> None:
-        """Executor thread body: run batches until stopped."""
+        """Executor thread body: run batches until stopped; a bug fails its batch, not the thread."""
         while True:
             batch = self._take()
             if batch is None:
                 return
-            live = [job for job in batch if job.future.set_running_or_notify_cancel()]
-            if live:
-                self._run_batch(live)
+            try:
+                self._run_live(batch)
+            except Exception as exc:  # NOTE: a dead executor would time out every later request
+                log.exception("executor %s: unexpected error", self.name)
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(ApiError(f"executor error: {exc}", status=500))
+
+    def _run_live(self, batch: list[Job]) -> None:
+        """Run the jobs of a batch that were not cancelled while they waited."""
+        live = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        started = time.monotonic()
+        for job in live:
+            job.started = started
+        self._run_batch(live)
+        self._count_retraces()
+
+    def _count_retraces(self) -> None:
+        """A trace after warm-up is a latency spike; count it so it shows (it should never happen)."""
+        if self._traces is None:
+            return
+        traces = self._traces()
+        if traces > self._traces_seen:
+            metrics.MODEL_RETRACES.labels(self.model).inc(traces - self._traces_seen)
+            self._traces_seen = traces
 
     def _run_batch(self, batch: list[Job]) -> None:
         """One padded call for the batch; on failure, each job alone so one bad input fails only itself."""
@@ -169,7 +207,9 @@ class ModelExecutor:
                 self._run_one(job)
             return
         offset = 0
+        finished = time.monotonic()
         for job in batch:
+            job.finished = finished
             job.future.set_result({k: v[offset : offset + job.rows] for k, v in outputs.items()})
             offset += job.rows
 
@@ -179,10 +219,13 @@ class ModelExecutor:
             if job.batchable:
                 result = self.call_padded(job.signature, job.inputs, job.rows)
             else:
+                self._batch_histogram.observe(job.rows)
                 result = self._run(job.signature, job.inputs)
         except Exception as exc:  # handed to the request thread, which maps it to a status
+            job.finished = time.monotonic()
             job.future.set_exception(exc)
         else:
+            job.finished = time.monotonic()
             job.future.set_result(result)
 
     def call_padded(self, signature: str, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
@@ -197,6 +240,7 @@ class ModelExecutor:
                 if size > count:  # repeat the last row: padding never makes NaN or new shapes
                     part = np.concatenate([part, np.repeat(part[-1:], size - count, axis=0)])
                 chunk[name] = part
+            self._batch_histogram.observe(count)
             outputs = self._run(signature, chunk)
             for name, value in outputs.items():
                 if value.ndim == 0 or value.shape[0] != size:

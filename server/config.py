@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -71,22 +72,43 @@ class ServerConfig:
 
 
 _FIELDS = {f.name for f in fields(ModelConfig)}
+_INT_FIELDS = {"latest", "max_batch_size", "max_queue_rows", "max_image_pixels"}
+_FLOAT_FIELDS = {"max_batch_delay_ms", "request_timeout_s"}
 
 
-def _model_config(table: dict[str, Any], base: ModelConfig, where: str) -> ModelConfig:
+def _type_problem(key: str, value: Any) -> str:
+    """What is wrong with the type of one setting, or ''."""
+    if key in _INT_FIELDS:
+        return "" if type(value) is int else "an integer"
+    if key in _FLOAT_FIELDS:
+        return "" if type(value) in (int, float) and math.isfinite(value) else "a finite number"
+    if key == "allow_non_finite":
+        return "" if isinstance(value, bool) else "true or false"
+    if key == "versions":
+        return "" if isinstance(value, list) and all(type(v) is int for v in value) else "a list of integers"
+    if key == "labels":
+        ok = isinstance(value, dict) and all(type(v) is int for v in value.values())
+        return "" if ok else "a table of label = version"
+    return "" if isinstance(value, str) else "a string"
+
+
+def _model_config(table: Any, base: ModelConfig, where: str) -> ModelConfig:
     """Apply one TOML table on top of `base`."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table, got {table!r}")
     unknown = set(table) - _FIELDS
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(_FIELDS)}")
+    for key, value in table.items():
+        wanted = _type_problem(key, value)
+        if wanted:
+            raise ConfigError(f"{where}: {key} must be {wanted}, got {value!r}")
     values = dict(table)
     if "versions" in values:
         values["versions"] = tuple(values["versions"])
     if "labels" in values:
         values["labels"] = dict(values["labels"])
-    try:
-        return replace(base, **values).validate(where)
-    except TypeError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
+    return replace(base, **values).validate(where)
 
 
 def parse_config(data: dict[str, Any]) -> ServerConfig:
@@ -95,6 +117,8 @@ def parse_config(data: dict[str, Any]) -> ServerConfig:
     if unknown:
         raise ConfigError(f"models.toml: unknown table(s) {sorted(unknown)}")
     defaults = _model_config(data.get("defaults", {}), ModelConfig(), "[defaults]")
+    if not isinstance(data.get("models", {}), dict):
+        raise ConfigError("[models]: must be a table of [models.NAME] tables")
     models = {
         name: _model_config(table, defaults, f"[models.{name}]")
         for name, table in data.get("models", {}).items()

@@ -2,7 +2,8 @@
 
 gunicorn.conf.py points each hook here. This module and everything it imports at module level
 must never import tensorflow or keras: the master imports it, and TF state in the master
-hangs the workers it forks.
+hangs the workers it forks. prometheus_client is imported inside the hooks, never before
+on_starting has wiped the metrics directory (the master's own value files would go with it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from server.config import load_config
 from server.settings import Settings
-from server.state import remove_worker_state, workers_dir, write_worker_state
+from server.state import read_exit_reason, remove_worker_state, workers_dir, write_exit_reason, write_worker_state
 
 log = logging.getLogger("forkserve.hooks")
 
@@ -28,8 +29,9 @@ def on_starting(server: Any) -> None:
     settings.export()
     _share_gunicorn_log(server)
     load_config(settings.conf_path)  # raises ConfigError: a config mistake must stop the start
-    shutil.rmtree(workers_dir(settings.run_dir), ignore_errors=True)
-    workers_dir(settings.run_dir).mkdir(parents=True, exist_ok=True)
+    for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True, exist_ok=True)
     if not settings.models_dir.is_dir():
         server.log.warning("model repository %s does not exist; serving no models", settings.models_dir)
     server.log.info(
@@ -40,8 +42,17 @@ def on_starting(server: Any) -> None:
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    """Master, after reaping a worker (SIGKILL included): forget its published state."""
-    remove_worker_state(Settings.from_env().run_dir, worker.pid)
+    """Master, after reaping a worker (SIGKILL included): count the exit, fold its metrics, forget it."""
+    from server import metrics, metrics_files
+
+    settings = Settings.from_env()
+    reason = "timeout" if worker.aborted else read_exit_reason(settings.run_dir, worker.pid) or "killed"
+    metrics.WORKER_EXITS.labels(reason).inc()
+    try:
+        metrics_files.compact_dead_process(settings.metrics_dir, worker.pid)
+    except OSError as exc:  # a full disk or a removed directory degrades metrics, not serving
+        server.log.warning("forkserve: could not fold metrics of worker %s: %s", worker.pid, exc)
+    remove_worker_state(settings.run_dir, worker.pid)
 
 
 def _share_gunicorn_log(server: Any) -> None:
@@ -80,10 +91,19 @@ def post_worker_init(worker: Any) -> None:
         registry.load_all(settings.intra_op_for(worker.cfg.workers), settings.inter_op_threads)
     except Exception:  # NOTE: a bug here must not halt the server; the worker reports not ready
         worker.log.exception("forkserve: loading models failed")
+    from server import metrics
+
     ready, report = registry.readiness()
+    metrics.WORKER_BOOTS.inc()
+    metrics.WORKERS_ALIVE.set(1)
     worker.log.info("forkserve worker %s %s: %s", os.getpid(), "ready" if ready else "NOT ready", report)
     write_worker_state(
         settings.run_dir,
         os.getpid(),
         {"pid": os.getpid(), "loaded": True, "ready": ready, "models": report, "booted_at": time.time()},
     )
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    """Worker, on its way out (not after SIGKILL): tell the master this exit was orderly."""
+    write_exit_reason(Settings.from_env().run_dir, os.getpid(), "graceful")

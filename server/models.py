@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from server import metrics
 from server.batching import ModelExecutor, bucket_sizes
 from server.config import ModelConfig, ServerConfig
 from server.errors import NotFound, Unavailable
@@ -151,6 +152,9 @@ class ModelRegistry:
     def _load_version(self, entry: ModelVersion, runtime: Any) -> bool:
         """Load and warm one version; on any failure mark it END with the reason."""
         entry.state = LOADING
+        labels = (entry.name, str(entry.version))
+        loading = metrics.MODEL_WORKERS_LOADING.labels(*labels)
+        loading.inc()
         started = time.monotonic()
         try:
             servable = runtime.load_servable(entry.source)
@@ -158,6 +162,8 @@ class ModelRegistry:
         except Exception as exc:  # a bad model must never take the worker down
             entry.state, entry.error = END, f"failed to load: {type(exc).__name__}: {exc}".strip()[:2000]
             entry.load_seconds = time.monotonic() - started
+            loading.dec()
+            metrics.MODEL_LOAD_FAILURES.labels(*labels).inc()
             log.error("model %s version %s failed to load after %.2fs: %s", entry.name, entry.version, entry.load_seconds, entry.error)
             return False
         entry.servable = servable
@@ -167,10 +173,15 @@ class ModelRegistry:
             entry.config.max_batch_size,
             entry.config.max_batch_delay_ms / 1000.0,
             entry.config.max_queue_rows,
+            traces=servable.traces,
+            model=entry.name,
         )
         entry.executor.start()
         entry.state = AVAILABLE
         entry.load_seconds = time.monotonic() - started
+        loading.dec()
+        metrics.MODEL_WORKERS_READY.labels(*labels).set(1)
+        metrics.MODEL_LOAD_SECONDS.labels(entry.name).observe(entry.load_seconds)
         log.info(
             "model %s version %s (%s) loaded and warmed (%d calls) in %.2fs",
             entry.name, entry.version, entry.source.format, calls, entry.load_seconds,

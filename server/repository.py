@@ -17,12 +17,12 @@ HDF5_SUFFIXES = (".h5", ".hdf5")
 
 def is_model_name(name: str) -> bool:
     """A directory name that can be a model: URL-safe, no leading dot, not all digits."""
-    return bool(MODEL_NAME_RE.match(name)) and not name.isdigit() and ".." not in name
+    return bool(MODEL_NAME_RE.fullmatch(name)) and not name.isdigit() and ".." not in name
 
 
 def parse_version(name: str) -> int | None:
     """The positive integer a version directory stands for, or None to ignore it."""
-    if not VERSION_RE.match(name):
+    if not VERSION_RE.fullmatch(name):
         return None
     value = int(name)
     return value if value >= 1 else None
@@ -43,7 +43,7 @@ class VersionSource:
         """What the loader opens: the SavedModel directory or the single Keras file."""
         if self.format == "savedmodel":
             return self.path
-        return next(p for p in sorted(self.path.iterdir()) if _format_of_file(p) == self.format)
+        return next(p for p in _model_files(self.path) if _format_of_file(p) == self.format)
 
 
 def _format_of_file(path: Path) -> str:
@@ -56,15 +56,18 @@ def _format_of_file(path: Path) -> str:
     return ""
 
 
+def _model_files(path: Path) -> list[Path]:
+    """Visible regular files of a version directory with a Keras suffix."""
+    return sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and _format_of_file(p))
+
+
 def detect_format(path: Path) -> tuple[str, str]:
     """(format, problem) for a version directory."""
     if (path / "saved_model.pb").is_file() or (path / "saved_model.pbtxt").is_file():
         return "savedmodel", ""
-    files = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")]
-    found = sorted({_format_of_file(p) for p in files} - {""})
-    candidates = [p for p in files if _format_of_file(p)]
+    candidates = _model_files(path)
     if len(candidates) == 1:
-        return found[0], ""
+        return _format_of_file(candidates[0]), ""
     if not candidates:
         return "", "no model file (expected saved_model.pb, *.keras, *.h5 or *.hdf5)"
     return "", f"several model files: {sorted(p.name for p in candidates)}"

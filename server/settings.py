@@ -29,7 +29,10 @@ def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    value = int(raw)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
     if value < 0:
         raise ValueError(f"{name} must not be negative, got {value}")
     return value
@@ -49,12 +52,16 @@ class Settings:
     inter_op_threads: int
     max_body_bytes: int
     log_level: str
-    run_dir: Path  # worker state files (and later the metrics directory); one per instance
+    run_dir: Path  # worker state files and the metrics directory; one per instance
+    metrics_dir: Path  # prometheus_client multiprocess directory
 
     @classmethod
     def from_env(cls) -> "Settings":
         """Build settings from FORKSERVE_* variables with documented defaults."""
         cpus = available_cpus()
+        run_dir = Path(
+            os.environ.get("FORKSERVE_RUN_DIR") or Path(tempfile.gettempdir()) / f"forkserve-{os.getpid()}"
+        ).resolve()
         return cls(
             models_dir=Path(os.environ.get("FORKSERVE_MODELS", "models")).resolve(),
             conf_path=Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve(),
@@ -64,16 +71,21 @@ class Settings:
             cpus=cpus,
             intra_op_threads=_env_int("FORKSERVE_INTRA_OP_THREADS", 0),
             inter_op_threads=_env_int("FORKSERVE_INTER_OP_THREADS", 1) or 1,
-            max_body_bytes=_env_int("FORKSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+            max_body_bytes=_env_int("FORKSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES) or DEFAULT_MAX_BODY_BYTES,
             log_level=os.environ.get("FORKSERVE_LOG_LEVEL", "info"),
-            run_dir=Path(
-                os.environ.get("FORKSERVE_RUN_DIR") or Path(tempfile.gettempdir()) / f"forkserve-{os.getpid()}"
-            ).resolve(),
+            run_dir=run_dir,
+            metrics_dir=Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics").resolve(),
         )
 
     def export(self) -> None:
-        """Master only: pin derived paths in the environment so forked workers agree with it."""
+        """Master only: pin derived paths in the environment so forked workers agree with it.
+
+        NOTE: must run before prometheus_client is first imported: it picks its multiprocess
+        value class from PROMETHEUS_MULTIPROC_DIR at import time.
+        """
         os.environ["FORKSERVE_RUN_DIR"] = str(self.run_dir)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
 
     def intra_op_for(self, workers: int) -> int:
         """TensorFlow intra-op threads for one worker when `workers` share the CPUs."""

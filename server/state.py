@@ -30,10 +30,27 @@ def write_worker_state(run_dir: Path, pid: int, state: dict[str, Any]) -> Path:
 
 def remove_worker_state(run_dir: Path, pid: int) -> None:
     """Forget a worker that exited."""
+    for suffix in (".json", ".exit"):
+        try:
+            (workers_dir(run_dir) / f"{pid}{suffix}").unlink()
+        except FileNotFoundError:
+            pass
+
+
+def write_exit_reason(run_dir: Path, pid: int, reason: str) -> None:
+    """Worker: leave the reason of an orderly exit for the master to read."""
     try:
-        (workers_dir(run_dir) / f"{pid}.json").unlink()
-    except FileNotFoundError:
-        pass
+        (workers_dir(run_dir) / f"{pid}.exit").write_text(reason)
+    except OSError:
+        pass  # the master then counts the exit as "killed"
+
+
+def read_exit_reason(run_dir: Path, pid: int) -> str:
+    """Master: the reason a worker left, or "" if it left none (SIGKILL, crash, OOM)."""
+    try:
+        return (workers_dir(run_dir) / f"{pid}.exit").read_text().strip()
+    except OSError:
+        return ""
 
 
 def read_worker_states(run_dir: Path) -> dict[int, dict[str, Any]]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
 from flask import Response, current_app, request
 
+from server import metrics
+from server.api import instrument
 from server.codecs import jsonio
 from server.errors import ApiError, DeadlineExceeded
 from server.models import ModelRegistry, ModelVersion
@@ -31,7 +34,11 @@ def read_json() -> Any:
 
 def json_response(payload: Any, status: int = 200, version: ModelVersion | None = None) -> Response:
     """A JSON response, with the version that answered in X-Model-Version."""
-    response = Response(jsonio.dumps(payload), status=status, mimetype="application/json")
+    started = time.perf_counter()
+    body = jsonio.dumps(payload)
+    if version is not None:
+        instrument.stage("encode", time.perf_counter() - started)
+    response = Response(body, status=status, mimetype="application/json")
     if version is not None:
         response.headers["X-Model-Version"] = str(version.version)
     return response
@@ -40,11 +47,18 @@ def json_response(payload: Any, status: int = 200, version: ModelVersion | None 
 def infer(version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool) -> dict[str, np.ndarray]:
     """Queue the inputs on the version's executor and wait for its rows, within the deadline."""
     assert version.executor is not None
-    future = version.executor.submit(signature, inputs, rows, batchable)
+    job = version.executor.submit(signature, inputs, rows, batchable)
     try:
-        return future.result(timeout=version.config.request_timeout_s)
+        outputs = job.future.result(timeout=version.config.request_timeout_s)
     except FutureTimeout:
-        future.cancel()
+        job.future.cancel()
+        metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc()
         raise DeadlineExceeded(
             f"model {version.name} version {version.version} did not answer within {version.config.request_timeout_s}s"
         ) from None
+    finally:
+        if job.started:
+            instrument.stage("queue", job.started - job.enqueued)
+        if job.finished:
+            instrument.stage("compute", job.finished - job.started)
+    return outputs

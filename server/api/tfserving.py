@@ -7,10 +7,12 @@ formats to server.codecs and the inference to the model's executor.
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from flask import Blueprint, Response, request
 
+from server.api import instrument
 from server.api.common import infer, json_response, read_json, registry
 from server.codecs import tfserving
 from server.codecs.tensors import validate_inputs
@@ -54,6 +56,8 @@ def models(rest: str) -> Response:
     wants_post = action in VERBS
     if (request.method == "POST") != wants_post:
         raise ApiError(f"{request.method} is not allowed for {action}; use {'POST' if wants_post else 'GET'}", status=405)
+    if wants_post:
+        instrument.begin(name if name in registry().models else instrument.UNKNOWN_MODEL, f"tfserving_{action}")
     model = registry().get(name)
     if action == "status":
         if version is not None or label is not None:
@@ -68,6 +72,7 @@ def models(rest: str) -> Response:
     target = model.resolve(version, label)
     if action == "metadata":
         return json_response(_metadata(target), version=target)
+    instrument.set_version(target.version)
     body = read_json()
     if action == "predict":
         return json_response(_predict(target, body), version=target)
@@ -85,9 +90,11 @@ def _metadata(target: ModelVersion) -> dict[str, Any]:
 
 def _predict(target: ModelVersion, body: Any) -> dict[str, Any]:
     """Row or columnar predict through the executor."""
+    started = time.perf_counter()
     decoded = tfserving.decode_predict(body, target.signature, target.config)
     signature = target.signature(decoded.signature_name)
     fed, rows = validate_inputs(decoded.inputs, signature, target.config)
+    instrument.stage("decode", time.perf_counter() - started)
     batchable = signature.batchable and all(a.ndim >= 1 for a in fed.values())
     outputs = infer(target, signature.name, fed, rows, batchable)
     return tfserving.encode_predict(outputs, decoded.row_format)
@@ -95,6 +102,7 @@ def _predict(target: ModelVersion, body: Any) -> dict[str, Any]:
 
 def _classify_or_regress(target: ModelVersion, body: Any, method: str) -> dict[str, Any]:
     """tf.Example requests for signatures whose method is classify or regress."""
+    started = time.perf_counter()
     signature_name, serialized = tfserving.decode_examples(body)
     signature = target.signature(signature_name)
     if signature.method != method:
@@ -105,6 +113,7 @@ def _classify_or_regress(target: ModelVersion, body: Any, method: str) -> dict[s
     if list(signature.inputs) != ["inputs"] or signature.inputs["inputs"].dtype != "string":
         raise InvalidArgument(f"signature {signature_name!r} does not take serialized tf.Examples")
     rows = len(serialized)
+    instrument.stage("decode", time.perf_counter() - started)
     outputs = infer(target, signature.name, {"inputs": serialized}, rows, signature.batchable)
     if method == "classify":
         return tfserving.encode_classify(outputs, rows)

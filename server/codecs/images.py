@@ -61,7 +61,11 @@ def decode_image(data: bytes, info: TensorInfo, config: ModelConfig) -> np.ndarr
             if img.format == "JPEG":
                 # Draft mode lets libjpeg decode at 1/2, 1/4 or 1/8 scale, never below the target.
                 img.draft(mode, (width, height))
-            converted = img.convert(mode)
+            source = img
+            if img.mode.startswith("I;16") or img.mode == "I":
+                # 16-bit grayscale: convert("L") would clip at 255; keep the high byte, as TF does.
+                source = Image.fromarray((np.asarray(img, dtype=np.uint32) >> 8).astype(np.uint8), "L")
+            converted = source.convert(mode)
             if converted.size != (width, height):
                 converted = converted.resize((width, height), RESAMPLING[config.image_resize])
             pixels = np.asarray(converted, dtype=np.float32)

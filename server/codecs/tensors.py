@@ -13,6 +13,14 @@ from server.errors import InvalidArgument
 from server.signature import SignatureInfo, TensorInfo
 
 
+def utf8(text: str, name: str) -> bytes:
+    """A JSON string as UTF-8 bytes; lone surrogates (which json lets through) are a 400."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{name!r}: string is not valid Unicode: {exc.reason}") from None
+
+
 def _string_tensor(value: Any, name: str) -> np.ndarray:
     """Nested lists of str / {"b64"} values to an object array of bytes."""
 
@@ -20,7 +28,7 @@ def _string_tensor(value: Any, name: str) -> np.ndarray:
         if isinstance(item, list):
             return [convert(x) for x in item]
         if isinstance(item, str):
-            return item.encode("utf-8")
+            return utf8(item, name)
         if is_b64_value(item):
             return decode_b64(item["b64"])
         raise InvalidArgument(f"input {name!r} takes strings, got {type(item).__name__}")

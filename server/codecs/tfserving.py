@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from server.codecs.b64 import decode_b64, encode_b64, is_b64_value
-from server.codecs.tensors import to_array
+from server.codecs.tensors import to_array, utf8
 from server.config import ModelConfig
 from server.errors import InvalidArgument
 from server.signature import SignatureInfo
@@ -94,9 +94,9 @@ def decode_predict(body: Any, signature_lookup: Any, config: ModelConfig) -> Pre
     return PredictRequest(name, arrays, has_instances)
 
 
-def _output_value(name: str, array: np.ndarray) -> Any:
-    """numpy output to what JSON carries: bytes as b64 (for *_bytes) or text."""
-    if array.dtype != object:
+def _output_value(name: str, array: Any) -> Any:
+    """numpy output (array or one row of it) to what JSON carries: bytes as b64 (for *_bytes) or text."""
+    if isinstance(array, np.ndarray) and array.dtype != object:
         return array
     as_b64 = name.endswith("_bytes")
 
@@ -142,7 +142,7 @@ def _feature(value: Any, feature_pb2: Any) -> Any:
         feature.float_list.value.extend(float(v) for v in values)
     elif all(isinstance(v, str) or is_b64_value(v) for v in values):
         feature.bytes_list.value.extend(
-            decode_b64(v["b64"]) if is_b64_value(v) else v.encode("utf-8") for v in values
+            decode_b64(v["b64"]) if is_b64_value(v) else utf8(v, "feature") for v in values
         )
     else:
         raise InvalidArgument(f"feature values must be all numbers or all strings, got {values[:4]!r}")

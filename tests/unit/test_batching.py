@@ -72,9 +72,15 @@ def make_executor(model: Model) -> Iterator[Callable[..., ModelExecutor]]:
         executor.stop()
 
 
+def enqueue(executor: ModelExecutor, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool) -> Future:
+    """Submit a job and return the Future its caller waits on (submit returns the Job or its Future)."""
+    handle = executor.submit(signature, inputs, rows, batchable)
+    return handle.future if isinstance(handle, Job) else handle
+
+
 def block(executor: ModelExecutor, model: Model) -> Future:
     """Occupy the executor thread with a call that waits for model.gate; return once it is running."""
-    future = executor.submit("block", {"x": np.zeros((1, 1), np.float32)}, 1, True)
+    future = enqueue(executor, "block", {"x": np.zeros((1, 1), np.float32)}, 1, True)
     assert model.blocked.wait(TIMEOUT)
     return future
 
@@ -119,7 +125,7 @@ def test_batch_key_separates_signatures_dtypes_and_example_shapes() -> None:
 def test_single_job_is_padded_to_its_bucket_and_answered_with_its_own_rows(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=8)
     x = rows(0, 3)
-    np.testing.assert_array_equal(result(executor.submit("serving_default", {"x": x}, 3, True)), x * 2 + 1)
+    np.testing.assert_array_equal(result(enqueue(executor, "serving_default", {"x": x}, 3, True)), x * 2 + 1)
     assert model.sizes() == [4]
     padded = model.calls[-1][1]
     np.testing.assert_array_equal(padded[3], x[2])  # padding repeats the last row
@@ -129,7 +135,7 @@ def test_queued_jobs_are_concatenated_into_one_padded_call(make_executor: Callab
     executor = make_executor(max_batch_size=8)
     block(executor, model)
     inputs = [rows(10 * i, 2) for i in range(3)]
-    futures = [executor.submit("serving_default", {"x": x}, 2, True) for x in inputs]
+    futures = [enqueue(executor, "serving_default", {"x": x}, 2, True) for x in inputs]
     assert executor.queued_rows == 6
     model.gate.set()
     for future, x in zip(futures, inputs):
@@ -148,7 +154,7 @@ def test_concurrent_mixed_size_jobs_get_the_same_results_as_unbatched_calls(make
 
     def submit(i: int) -> Future:
         """Submit job i from a pool thread."""
-        return executor.submit("serving_default", {"x": inputs[i]}, sizes[i], True)
+        return enqueue(executor, "serving_default", {"x": inputs[i]}, sizes[i], True)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = list(pool.map(submit, range(len(inputs))))
@@ -170,7 +176,7 @@ def test_concurrent_mixed_size_jobs_get_the_same_results_as_unbatched_calls(make
 def test_request_larger_than_max_batch_size_is_split_and_answered_whole(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=4)
     x = rows(0, 11)
-    y = result(executor.submit("serving_default", {"x": x}, 11, True))
+    y = result(enqueue(executor, "serving_default", {"x": x}, 11, True))
     np.testing.assert_array_equal(y, x * 2 + 1)
     assert model.sizes() == [4, 4, 4]  # 4 + 4 + 3 padded to 4
 
@@ -178,18 +184,18 @@ def test_request_larger_than_max_batch_size_is_split_and_answered_whole(make_exe
 def test_request_larger_than_max_batch_size_uses_a_non_power_of_two_bucket(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=6)
     x = rows(0, 11)
-    np.testing.assert_array_equal(result(executor.submit("serving_default", {"x": x}, 11, True)), x * 2 + 1)
+    np.testing.assert_array_equal(result(enqueue(executor, "serving_default", {"x": x}, 11, True)), x * 2 + 1)
     assert model.sizes() == [6, 6]
 
 
 def test_full_queue_raises_resource_exhausted(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=4, max_queue_rows=4)
     block(executor, model)
-    first = executor.submit("serving_default", {"x": rows(0, 3)}, 3, True)
+    first = enqueue(executor, "serving_default", {"x": rows(0, 3)}, 3, True)
     with pytest.raises(ResourceExhausted, match=r"queue is full \(3 rows waiting, limit 4\)") as caught:
-        executor.submit("serving_default", {"x": rows(0, 2)}, 2, True)
+        enqueue(executor, "serving_default", {"x": rows(0, 2)}, 2, True)
     assert caught.value.status == 503
-    fits = executor.submit("serving_default", {"x": rows(100, 1)}, 1, True)
+    fits = enqueue(executor, "serving_default", {"x": rows(100, 1)}, 1, True)
     model.gate.set()
     np.testing.assert_array_equal(result(first), rows(0, 3) * 2 + 1)
     np.testing.assert_array_equal(result(fits), rows(100, 1) * 2 + 1)
@@ -198,9 +204,9 @@ def test_full_queue_raises_resource_exhausted(make_executor: Callable[..., Model
 def test_oversized_request_is_accepted_into_an_empty_queue(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=4, max_queue_rows=4)
     block(executor, model)
-    big = executor.submit("serving_default", {"x": rows(0, 9)}, 9, True)
+    big = enqueue(executor, "serving_default", {"x": rows(0, 9)}, 9, True)
     with pytest.raises(ResourceExhausted):
-        executor.submit("serving_default", {"x": rows(0, 1)}, 1, True)
+        enqueue(executor, "serving_default", {"x": rows(0, 1)}, 1, True)
     model.gate.set()
     np.testing.assert_array_equal(result(big), rows(0, 9) * 2 + 1)
 
@@ -208,9 +214,9 @@ def test_oversized_request_is_accepted_into_an_empty_queue(make_executor: Callab
 def test_failing_job_in_a_batch_fails_only_itself(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=8)
     block(executor, model)
-    good1 = executor.submit("serving_default", {"x": rows(1, 2)}, 2, True)
-    bad = executor.submit("serving_default", {"x": -rows(1, 1)}, 1, True)
-    good2 = executor.submit("serving_default", {"x": rows(50, 2)}, 2, True)
+    good1 = enqueue(executor, "serving_default", {"x": rows(1, 2)}, 2, True)
+    bad = enqueue(executor, "serving_default", {"x": -rows(1, 1)}, 1, True)
+    good2 = enqueue(executor, "serving_default", {"x": rows(50, 2)}, 2, True)
     model.gate.set()
     np.testing.assert_array_equal(result(good1), rows(1, 2) * 2 + 1)
     np.testing.assert_array_equal(result(good2), rows(50, 2) * 2 + 1)
@@ -228,7 +234,7 @@ def test_output_without_batch_dimension_fails_the_job() -> None:
     executor = ModelExecutor("m/1", scalar_model, 4, 0.0, 100)
     executor.start()
     try:
-        future = executor.submit("serving_default", {"x": rows(0, 2)}, 2, True)
+        future = enqueue(executor, "serving_default", {"x": rows(0, 2)}, 2, True)
         with pytest.raises(ApiError, match="no batch dimension") as caught:
             future.result(timeout=TIMEOUT)
         assert caught.value.status == 500
@@ -239,10 +245,10 @@ def test_output_without_batch_dimension_fails_the_job() -> None:
 def test_non_batchable_jobs_run_alone_and_unpadded(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=8)
     block(executor, model)
-    a = executor.submit("serving_default", {"x": rows(0, 3)}, 3, False)
-    b = executor.submit("serving_default", {"x": rows(10, 3)}, 3, False)
-    c = executor.submit("serving_default", {"x": rows(20, 2)}, 2, True)
-    d = executor.submit("serving_default", {"x": rows(30, 1)}, 1, True)
+    a = enqueue(executor, "serving_default", {"x": rows(0, 3)}, 3, False)
+    b = enqueue(executor, "serving_default", {"x": rows(10, 3)}, 3, False)
+    c = enqueue(executor, "serving_default", {"x": rows(20, 2)}, 2, True)
+    d = enqueue(executor, "serving_default", {"x": rows(30, 1)}, 1, True)
     model.gate.set()
     for future, x in ((a, rows(0, 3)), (b, rows(10, 3)), (c, rows(20, 2)), (d, rows(30, 1))):
         np.testing.assert_array_equal(result(future), x * 2 + 1)
@@ -252,17 +258,17 @@ def test_non_batchable_jobs_run_alone_and_unpadded(make_executor: Callable[..., 
 def test_non_batchable_job_larger_than_max_batch_size_is_not_split(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=4)
     x = rows(0, 7)
-    np.testing.assert_array_equal(result(executor.submit("serving_default", {"x": x}, 7, False)), x * 2 + 1)
+    np.testing.assert_array_equal(result(enqueue(executor, "serving_default", {"x": x}, 7, False)), x * 2 + 1)
     assert model.sizes() == [7]
 
 
 def test_jobs_with_different_signatures_or_shapes_are_not_mixed(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=8)
     block(executor, model)
-    narrow = executor.submit("serving_default", {"x": rows(0, 2, width=2)}, 2, True)
-    wide = executor.submit("serving_default", {"x": rows(0, 2, width=3)}, 2, True)
-    narrow2 = executor.submit("serving_default", {"x": rows(5, 2, width=2)}, 2, True)
-    other = executor.submit("other", {"x": rows(0, 2, width=2)}, 2, True)
+    narrow = enqueue(executor, "serving_default", {"x": rows(0, 2, width=2)}, 2, True)
+    wide = enqueue(executor, "serving_default", {"x": rows(0, 2, width=3)}, 2, True)
+    narrow2 = enqueue(executor, "serving_default", {"x": rows(5, 2, width=2)}, 2, True)
+    other = enqueue(executor, "other", {"x": rows(0, 2, width=2)}, 2, True)
     model.gate.set()
     for future, x in ((narrow, rows(0, 2)), (wide, rows(0, 2, width=3)), (narrow2, rows(5, 2)), (other, rows(0, 2))):
         np.testing.assert_array_equal(result(future), x * 2 + 1)
@@ -273,8 +279,8 @@ def test_jobs_with_different_signatures_or_shapes_are_not_mixed(make_executor: C
 def test_cancelled_jobs_are_skipped(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=8)
     block(executor, model)
-    cancelled = executor.submit("serving_default", {"x": np.full((2, 2), 777, np.float32)}, 2, True)
-    kept = executor.submit("serving_default", {"x": rows(0, 2)}, 2, True)
+    cancelled = enqueue(executor, "serving_default", {"x": np.full((2, 2), 777, np.float32)}, 2, True)
+    kept = enqueue(executor, "serving_default", {"x": rows(0, 2)}, 2, True)
     assert cancelled.cancel()
     model.gate.set()
     np.testing.assert_array_equal(result(kept), rows(0, 2) * 2 + 1)
@@ -285,8 +291,8 @@ def test_cancelled_jobs_are_skipped(make_executor: Callable[..., ModelExecutor],
 
 def test_batch_delay_waits_for_more_rows_but_not_past_a_full_batch(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=4, max_batch_delay_s=TIMEOUT)
-    first = executor.submit("serving_default", {"x": rows(0, 2)}, 2, True)
-    second = executor.submit("serving_default", {"x": rows(10, 2)}, 2, True)
+    first = enqueue(executor, "serving_default", {"x": rows(0, 2)}, 2, True)
+    second = enqueue(executor, "serving_default", {"x": rows(10, 2)}, 2, True)
     # The batch is full after the second job, so neither waits for the (long) delay.
     np.testing.assert_array_equal(first.result(timeout=TIMEOUT / 2)["y"], rows(0, 2) * 2 + 1)
     np.testing.assert_array_equal(second.result(timeout=TIMEOUT / 2)["y"], rows(10, 2) * 2 + 1)
@@ -296,10 +302,10 @@ def test_batch_delay_waits_for_more_rows_but_not_past_a_full_batch(make_executor
 def test_stop_finishes_queued_jobs_and_refuses_new_ones(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=8)
     block(executor, model)
-    queued = executor.submit("serving_default", {"x": rows(0, 2)}, 2, True)
+    queued = enqueue(executor, "serving_default", {"x": rows(0, 2)}, 2, True)
     executor.stop()
     with pytest.raises(ApiError, match="shutting down") as caught:
-        executor.submit("serving_default", {"x": rows(0, 2)}, 2, True)
+        enqueue(executor, "serving_default", {"x": rows(0, 2)}, 2, True)
     assert caught.value.status == 503
     model.gate.set()
     np.testing.assert_array_equal(result(queued), rows(0, 2) * 2 + 1)
@@ -318,7 +324,7 @@ def test_integer_and_multi_input_jobs_are_batched_per_input() -> None:
     try:
         a = np.arange(6, dtype=np.int64).reshape(3, 2)
         b = np.full((3, 2), 10, dtype=np.int64)
-        out = executor.submit("serving_default", {"a": a, "b": b}, 3, True).result(timeout=TIMEOUT)
+        out = enqueue(executor, "serving_default", {"a": a, "b": b}, 3, True).result(timeout=TIMEOUT)
     finally:
         executor.stop()
     np.testing.assert_array_equal(out["sum"], a + b)

@@ -35,7 +35,6 @@ def test_is_model_name_rejects_unsafe_names(name: str) -> None:
     assert not is_model_name(name)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: repository.py MODEL_NAME_RE uses '$', which also matches before a trailing newline")
 def test_is_model_name_rejects_a_trailing_newline() -> None:
     assert not is_model_name("model\n")
 
@@ -50,7 +49,6 @@ def test_parse_version_ignores_everything_else(name: str) -> None:
     assert parse_version(name) is None
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: repository.py VERSION_RE uses '$', so '7\\n' parses as version 7")
 def test_parse_version_ignores_a_trailing_newline() -> None:
     assert parse_version("7\n") is None
 
@@ -150,11 +148,6 @@ def test_model_path_is_the_directory_for_savedmodel_and_the_file_otherwise(tmp_p
     assert found["c"][0].model_path == h5 / "weights.hdf5"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: repository.py VersionSource.model_path does not skip hidden files/directories the way "
-    "detect_format does, so '._model.h5' (macOS AppleDouble) is opened instead of 'model.h5'",
-)
 @pytest.mark.parametrize("decoy", ["._model.h5", "0_old.h5/"], ids=["hidden-file", "directory"])
 def test_model_path_is_the_file_detect_format_counted(tmp_path: Path, decoy: str) -> None:
     directory = make_version(tmp_path, "m", "1", decoy, "model.h5")

@@ -14,9 +14,9 @@ from server.settings import DEFAULT_BIND, DEFAULT_MAX_BODY_BYTES, Settings, avai
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
-    """No FORKSERVE_* variables set, and tmp_path as the working directory."""
+    """No FORKSERVE_* (or PROMETHEUS_MULTIPROC_DIR) variables set, and tmp_path as the working directory."""
     for name in list(os.environ):
-        if name.startswith("FORKSERVE_"):
+        if name.startswith("FORKSERVE_") or name == "PROMETHEUS_MULTIPROC_DIR":
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     return monkeypatch
@@ -69,13 +69,24 @@ def test_from_env_reads_every_variable(clean_env: pytest.MonkeyPatch, tmp_path: 
     assert settings.run_dir == (tmp_path / "run").resolve()
 
 
-def test_export_pins_the_run_dir_for_forked_workers(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    clean_env.setenv("FORKSERVE_RUN_DIR", "")  # so monkeypatch restores the variable after export() sets it
+def test_metrics_dir_defaults_under_the_run_dir(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("FORKSERVE_RUN_DIR", str(tmp_path / "run"))
+    assert Settings.from_env().metrics_dir == tmp_path / "run" / "metrics"
+    clean_env.setenv("PROMETHEUS_MULTIPROC_DIR", "prom")
+    assert Settings.from_env().metrics_dir == tmp_path / "prom"
+
+
+def test_export_pins_derived_paths_for_forked_workers(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("FORKSERVE_RUN_DIR", "run")  # relative: resolved against the master's cwd
+    clean_env.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # so monkeypatch restores it after export() sets it
     first = Settings.from_env()
     first.export()
-    assert os.environ["FORKSERVE_RUN_DIR"] == str(first.run_dir)
-    clean_env.chdir(tmp_path.parent)  # a worker re-reading the environment gets the same directory
-    assert Settings.from_env().run_dir == first.run_dir
+    assert os.environ["FORKSERVE_RUN_DIR"] == str(tmp_path / "run")
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "run" / "metrics")
+    assert first.metrics_dir.is_dir()
+    clean_env.chdir(tmp_path.parent)  # a worker re-reading the environment gets the same directories
+    again = Settings.from_env()
+    assert (again.run_dir, again.metrics_dir) == (first.run_dir, first.metrics_dir)
 
 
 def test_zero_or_empty_counts_fall_back_to_defaults(clean_env: pytest.MonkeyPatch) -> None:
@@ -103,10 +114,6 @@ def test_negative_variable_error_names_the_variable(clean_env: pytest.MonkeyPatc
         Settings.from_env()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: settings.py _env_int calls int(raw) unguarded: 'invalid literal for int()' does not name the variable",
-)
 def test_non_integer_variable_error_names_the_variable(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("FORKSERVE_WORKERS", "lots")
     with pytest.raises(ValueError, match="FORKSERVE_WORKERS"):

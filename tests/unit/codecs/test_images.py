@@ -226,11 +226,6 @@ def test_corrupted_images_fail_only_with_invalid_argument(encode_image: ImageEnc
         assert out.shape == (10, 12, 3) and out.dtype == np.float32
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: images.py decode_image converts 16-bit grayscale PNGs (mode I;16) with img.convert('L'), "
-    "which clips at 255 instead of scaling: mid-gray 32768 decodes as white (TF's decode_png gives 128)",
-)
 def test_sixteen_bit_grayscale_png_is_scaled_to_eight_bits() -> None:
     buffer = io.BytesIO()
     Image.fromarray(np.full((8, 8), 32768, np.uint16)).save(buffer, "PNG")

@@ -1,0 +1,59 @@
+"""Per-request metrics of the inference APIs: count, end-to-end latency, stage times, in flight."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from flask import Response, g
+
+from server import metrics
+
+UNKNOWN_MODEL = "_unknown"  # a 404 for a name that is not served must not create a label per name
+
+
+@dataclass
+class Inference:
+    """What one inference request has recorded so far."""
+
+    model: str
+    api: str
+    started: float = field(default_factory=time.perf_counter)
+    version: str = ""
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+def begin(model: str, api: str) -> None:
+    """Start measuring an inference request of `api` ("predict", "classify", ...) for `model`."""
+    g.inference = Inference(model, api)
+    metrics.INFLIGHT_REQUESTS.labels(model).inc()
+
+
+def set_version(version: int) -> None:
+    """The version that is answering."""
+    if "inference" in g:
+        g.inference.version = str(version)
+
+
+def stage(name: str, seconds: float) -> None:
+    """Record the time of one stage: decode, queue, compute or encode."""
+    if "inference" in g:
+        g.inference.stages[name] = seconds
+
+
+def finish(response: Response) -> Response:
+    """after_request: count the request with its status code and observe its times."""
+    inference: Inference | None = g.get("inference")
+    if inference is not None:
+        metrics.REQUESTS.labels(inference.model, inference.version, inference.api, str(response.status_code)).inc()
+        metrics.REQUEST_SECONDS.labels(inference.model, inference.api).observe(time.perf_counter() - inference.started)
+        for name, seconds in inference.stages.items():
+            metrics.STAGE_SECONDS.labels(inference.model, name).observe(seconds)
+    return response
+
+
+def release(_: BaseException | None = None) -> None:
+    """teardown_request: the request is no longer in flight, whatever happened."""
+    inference: Inference | None = g.pop("inference", None)
+    if inference is not None:
+        metrics.INFLIGHT_REQUESTS.labels(inference.model).dec()
