@@ -81,6 +81,8 @@ class ModelExecutor:
         self.model = model or name
         self._queue_gauge = metrics.QUEUE_ROWS.labels(self.model)
         self._batch_histogram = metrics.BATCH_ROWS.labels(self.model)
+        for reason in ("queue_full", "deadline"):
+            metrics.REJECTED_REQUESTS.labels(self.model, reason)  # exported at 0 from the start
         self.max_batch_size = max_batch_size
         self.max_batch_delay_s = max_batch_delay_s
         self.max_queue_rows = max_queue_rows

@@ -133,10 +133,14 @@ class ModelRegistry:
 
     def load_all(self, intra_op_threads: int, inter_op_threads: int) -> None:
         """Load, warm and start every selected version; failures are recorded, never raised."""
+        plan = self.plan()
+        if not any(candidates for _, candidates, _ in plan):
+            self.loaded = True
+            return
         from server import runtime  # NOTE: the first TensorFlow import of this worker
 
         runtime.configure_threads(intra_op_threads, inter_op_threads)
-        for model, candidates, keep in self.plan():
+        for model, candidates, keep in plan:
             loaded = 0
             for source in candidates:
                 if loaded >= keep:
@@ -155,6 +159,10 @@ class ModelRegistry:
         labels = (entry.name, str(entry.version))
         loading = metrics.MODEL_WORKERS_LOADING.labels(*labels)
         loading.inc()
+        ready = metrics.MODEL_WORKERS_READY.labels(*labels)
+        ready.set(0)  # the series exists (at 0) even when this version never loads
+        failures = metrics.MODEL_LOAD_FAILURES.labels(*labels)
+        metrics.MODEL_RETRACES.labels(entry.name)
         started = time.monotonic()
         try:
             servable = runtime.load_servable(entry.source)
@@ -163,7 +171,7 @@ class ModelRegistry:
             entry.state, entry.error = END, f"failed to load: {type(exc).__name__}: {exc}".strip()[:2000]
             entry.load_seconds = time.monotonic() - started
             loading.dec()
-            metrics.MODEL_LOAD_FAILURES.labels(*labels).inc()
+            failures.inc()
             log.error("model %s version %s failed to load after %.2fs: %s", entry.name, entry.version, entry.load_seconds, entry.error)
             return False
         entry.servable = servable
@@ -180,7 +188,7 @@ class ModelRegistry:
         entry.state = AVAILABLE
         entry.load_seconds = time.monotonic() - started
         loading.dec()
-        metrics.MODEL_WORKERS_READY.labels(*labels).set(1)
+        ready.set(1)
         metrics.MODEL_LOAD_SECONDS.labels(entry.name).observe(entry.load_seconds)
         log.info(
             "model %s version %s (%s) loaded and warmed (%d calls) in %.2fs",

@@ -90,6 +90,10 @@ class Server:
         """Live workers that published their state (that is: finished loading)."""
         return sorted(pid for pid in read_worker_states(self.run_dir) if pid_alive(pid))
 
+    def wait_reaped(self, pid: int, timeout: float = 30.0) -> None:
+        """Wait until the master has handled the worker's exit (child_exit removed its state file)."""
+        wait_until(lambda: pid not in read_worker_states(self.run_dir), timeout, f"the master to reap worker {pid}")
+
     def wait_workers_loaded(self, count: int, timeout: float = 180.0) -> list[int]:
         """Wait until `count` live workers have loaded, failing early if the master died."""
 

@@ -6,7 +6,7 @@ import os
 import signal
 from pathlib import Path
 
-from tests.e2e.harness import Server, pid_alive, wait_until
+from tests.e2e.harness import Server
 
 
 def _maps_tensorflow(pid: int) -> bool:
@@ -26,7 +26,7 @@ def test_master_never_loads_tensorflow_and_workers_do(server: Server) -> None:
 def test_sigkilled_worker_is_replaced_and_serving_continues(server: Server) -> None:
     victim = server.worker_pids()[0]
     os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: not pid_alive(victim) and victim not in server.worker_pids(), 30, "the killed worker to be reaped")
+    server.wait_reaped(victim)
     pids = server.wait_workers_loaded(2, timeout=120)
     assert victim not in pids
     assert not _maps_tensorflow(server.process.pid)
