@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test unit e2e install clean
+.PHONY: run test unit e2e install system-deps lint clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,17 +13,23 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 
 install: $(BIN)/.installed
 
+system-deps:
+	scripts/install-system-deps.sh
+
 run: install
 	$(BIN)/gunicorn -c gunicorn.conf.py
 
-test: install
+test: install system-deps
 	$(BIN)/python -m pytest
 
 unit: install
 	$(BIN)/python -m pytest tests/unit
 
-e2e: install
+e2e: install system-deps
 	$(BIN)/python -m pytest tests/e2e
+
+lint: install
+	$(BIN)/ruff check --select F,E9 server tests bench scripts gunicorn.conf.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -94,6 +94,15 @@ class Server:
         """Wait until the master has handled the worker's exit (child_exit removed its state file)."""
         wait_until(lambda: pid not in read_worker_states(self.run_dir), timeout, f"the master to reap worker {pid}")
 
+    def restart_worker(self, sig: int = signal.SIGTERM, timeout: float = 180.0) -> int:
+        """Stop one worker with `sig`, wait for gunicorn's replacement to load; returns the new pid."""
+        before = self.worker_pids()
+        victim = before[0]
+        os.kill(victim, sig)
+        self.wait_reaped(victim)
+        pids = self.wait_workers_loaded(len(before), timeout)
+        return next(pid for pid in pids if pid not in before)
+
     def wait_workers_loaded(self, count: int, timeout: float = 180.0) -> list[int]:
         """Wait until `count` live workers have loaded, failing early if the master died."""
 

@@ -1,0 +1,42 @@
+"""The multiprocess directory stays bounded over worker restarts and keeps every count."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import Server
+from tests.e2e.test_metrics import samples, value
+
+RESTARTS = 12
+
+
+@pytest.fixture()
+def light_server(tmp_path: Path) -> Server:
+    """A server with no models: its workers never import TensorFlow, so they restart in a second."""
+    instance = Server(models_dir=tmp_path / "models", run_dir=tmp_path / "run", workers=2).start(timeout=60)
+    yield instance
+    instance.stop()
+
+
+def test_restarts_keep_counts_and_a_bounded_number_of_files(light_server: Server) -> None:
+    sent = 0
+    for round_number in range(RESTARTS):
+        for _ in range(3):
+            assert light_server.post("/v1/models/absent:predict", json={"instances": [1]}).status_code == 404
+            sent += 1
+        light_server.restart_worker(signal.SIGKILL if round_number % 3 == 0 else signal.SIGTERM)
+    scrape = samples(light_server)
+    labels = {"model": "_unknown", "version": "", "api": "tfserving_predict", "code": "404"}
+    assert value(scrape, "forkserve_requests_total", **labels) == sent
+    assert value(scrape, "forkserve_request_duration_seconds_count", model="_unknown", api="tfserving_predict") == sent
+    assert value(scrape, "forkserve_worker_boots_total") == 2 + RESTARTS
+    assert value(scrape, "forkserve_worker_exits_total", reason="killed") == len(range(0, RESTARTS, 3))
+    assert value(scrape, "forkserve_worker_exits_total", reason="graceful") == RESTARTS - len(range(0, RESTARTS, 3))
+    assert value(scrape, "forkserve_workers_alive") == 2
+    files = sorted(p.name for p in (light_server.run_dir / "metrics").glob("*.db"))
+    live = {str(pid) for pid in light_server.worker_pids()} | {str(light_server.process.pid), "archive"}
+    assert {name.rsplit("_", 1)[1].removesuffix(".db") for name in files} <= live, files
+    assert len(files) <= 3 * 3 + 2, files  # counter, histogram, gauge per live process + 2 archives
