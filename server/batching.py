@@ -25,17 +25,6 @@ log = logging.getLogger("forkserve.batching")
 RunFunction = Callable[[str, dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-def bucket_sizes(max_batch_size: int) -> list[int]:
-    """Padded batch sizes: powers of two below the maximum, and the maximum itself."""
-    sizes = []
-    size = 1
-    while size < max_batch_size:
-        sizes.append(size)
-        size *= 2
-    sizes.append(max_batch_size)
-    return sizes
-
-
 def bucket_for(rows: int, sizes: list[int]) -> int:
     """The smallest bucket that holds `rows` (rows never exceed the largest)."""
     return next(size for size in sizes if size >= rows)
@@ -73,6 +62,7 @@ class ModelExecutor:
         max_queue_rows: int,
         traces: Callable[[], int] | None = None,
         model: str = "",
+        buckets: list[int] | None = None,
     ) -> None:
         self.name = name
         self._run = run
@@ -86,7 +76,7 @@ class ModelExecutor:
         self.max_batch_size = max_batch_size
         self.max_batch_delay_s = max_batch_delay_s
         self.max_queue_rows = max_queue_rows
-        self.buckets = bucket_sizes(max_batch_size)
+        self.buckets = buckets or [max_batch_size]
         self._jobs: collections.deque[Job] = collections.deque()
         self._queued_rows = 0
         self._cond = threading.Condition()

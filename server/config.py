@@ -27,6 +27,7 @@ class ModelConfig:
     versions: tuple[int, ...] = ()  # the "specific" policy's versions
     labels: dict[str, int] = field(default_factory=dict)
     max_batch_size: int = 64
+    allowed_batch_sizes: tuple[int, ...] = ()  # padded sizes; empty: powers of two up to the max
     max_batch_delay_ms: float = 0.0
     max_queue_rows: int = 1024
     request_timeout_s: float = 30.0  # a request that waits longer is answered 504
@@ -35,6 +36,17 @@ class ModelConfig:
     image_mode: str = ""  # empty: derived from the model's channel count
     max_image_pixels: int = 16_000_000
     allow_non_finite: bool = False
+
+    @property
+    def batch_buckets(self) -> list[int]:
+        """Batch sizes the executor pads to and warm-up traces: configured, or powers of two."""
+        if self.allowed_batch_sizes:
+            return list(self.allowed_batch_sizes)
+        sizes, size = [], 1
+        while size < self.max_batch_size:
+            sizes.append(size)
+            size *= 2
+        return sizes + [self.max_batch_size]
 
     def validate(self, where: str) -> "ModelConfig":
         """Raise ConfigError naming `where` when a value is out of range."""
@@ -45,6 +57,15 @@ class ModelConfig:
             (self.version_policy != "specific" or bool(self.versions), "version_policy 'specific' needs versions"),
             (all(isinstance(v, int) and v >= 1 for v in self.labels.values()), "labels map names to versions"),
             (self.max_batch_size >= 1, "max_batch_size must be >= 1"),
+            (
+                not self.allowed_batch_sizes
+                or (
+                    list(self.allowed_batch_sizes) == sorted(set(self.allowed_batch_sizes))
+                    and self.allowed_batch_sizes[0] >= 1
+                    and self.allowed_batch_sizes[-1] == self.max_batch_size
+                ),
+                "allowed_batch_sizes must increase and end with max_batch_size",
+            ),
             (self.max_batch_delay_ms >= 0, "max_batch_delay_ms must be >= 0"),
             (self.max_queue_rows >= self.max_batch_size, "max_queue_rows must be >= max_batch_size"),
             (self.request_timeout_s > 0, "request_timeout_s must be > 0"),
@@ -84,7 +105,7 @@ def _type_problem(key: str, value: Any) -> str:
         return "" if type(value) in (int, float) and math.isfinite(value) else "a finite number"
     if key == "allow_non_finite":
         return "" if isinstance(value, bool) else "true or false"
-    if key == "versions":
+    if key in ("versions", "allowed_batch_sizes"):
         return "" if isinstance(value, list) and all(type(v) is int for v in value) else "a list of integers"
     if key == "labels":
         ok = isinstance(value, dict) and all(type(v) is int for v in value.values())
@@ -104,8 +125,9 @@ def _model_config(table: Any, base: ModelConfig, where: str) -> ModelConfig:
         if wanted:
             raise ConfigError(f"{where}: {key} must be {wanted}, got {value!r}")
     values = dict(table)
-    if "versions" in values:
-        values["versions"] = tuple(values["versions"])
+    for key in ("versions", "allowed_batch_sizes"):
+        if key in values:
+            values[key] = tuple(values[key])
     if "labels" in values:
         values["labels"] = dict(values["labels"])
     return replace(base, **values).validate(where)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server import metrics
-from server.batching import ModelExecutor, bucket_sizes
+from server.batching import ModelExecutor
 from server.config import ModelConfig, ServerConfig
 from server.errors import NotFound, Unavailable
 from server.repository import VersionSource, scan, select_versions
@@ -166,7 +166,7 @@ class ModelRegistry:
         started = time.monotonic()
         try:
             servable = runtime.load_servable(entry.source)
-            calls = servable.warm_up(bucket_sizes(entry.config.max_batch_size))
+            calls = servable.warm_up(entry.config.batch_buckets)
         except Exception as exc:  # a bad model must never take the worker down
             entry.state, entry.error = END, f"failed to load: {type(exc).__name__}: {exc}".strip()[:2000]
             entry.load_seconds = time.monotonic() - started
@@ -183,6 +183,7 @@ class ModelRegistry:
             entry.config.max_queue_rows,
             traces=servable.traces,
             model=entry.name,
+            buckets=entry.config.batch_buckets,
         )
         entry.executor.start()
         entry.state = AVAILABLE

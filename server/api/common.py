@@ -44,17 +44,33 @@ def json_response(payload: Any, status: int = 200, version: ModelVersion | None 
     return response
 
 
+def request_timeout(version: ModelVersion) -> float:
+    """Seconds this request may wait: the model's deadline, shortened by an X-Request-Timeout header."""
+    limit = version.config.request_timeout_s
+    header = request.headers.get("X-Request-Timeout")
+    if header is None:
+        return limit
+    try:
+        asked = float(header)
+    except ValueError:
+        asked = float("nan")
+    if not asked > 0 or asked == float("inf"):
+        raise ApiError(f"X-Request-Timeout must be a positive number of seconds, got {header!r}", status=400)
+    return min(limit, asked)
+
+
 def infer(version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool) -> dict[str, np.ndarray]:
     """Queue the inputs on the version's executor and wait for its rows, within the deadline."""
     assert version.executor is not None
+    timeout = request_timeout(version)
     job = version.executor.submit(signature, inputs, rows, batchable)
     try:
-        outputs = job.future.result(timeout=version.config.request_timeout_s)
+        outputs = job.future.result(timeout=timeout)
     except FutureTimeout:
         job.future.cancel()
         metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc()
         raise DeadlineExceeded(
-            f"model {version.name} version {version.version} did not answer within {version.config.request_timeout_s}s"
+            f"model {version.name} version {version.version} did not answer within {timeout}s"
         ) from None
     finally:
         if job.started:

@@ -10,7 +10,8 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
-from server.batching import Job, ModelExecutor, bucket_for, bucket_sizes
+from server.batching import Job, ModelExecutor, bucket_for
+from server.config import ModelConfig
 from server.errors import ApiError, ResourceExhausted
 
 TIMEOUT = 10.0  # seconds any single wait may take before the test fails instead of hanging
@@ -48,6 +49,15 @@ class Model:
             return np.concatenate([x.reshape(-1) for _, x in self.calls])
 
 
+def bucket_sizes(max_batch_size: int) -> list[int]:
+    """The default buckets of a model whose max_batch_size is `max_batch_size`."""
+    return ModelConfig(max_batch_size=max_batch_size, max_queue_rows=max(1024, max_batch_size)).batch_buckets
+
+
+def test_configured_batch_sizes_replace_the_powers_of_two() -> None:
+    assert ModelConfig(max_batch_size=48, allowed_batch_sizes=(4, 16, 48)).batch_buckets == [4, 16, 48]
+
+
 @pytest.fixture
 def model() -> Model:
     """A fresh recording model."""
@@ -61,7 +71,9 @@ def make_executor(model: Model) -> Iterator[Callable[..., ModelExecutor]]:
 
     def make(max_batch_size: int = 8, max_batch_delay_s: float = 0.0, max_queue_rows: int = 10_000) -> ModelExecutor:
         """A started executor over `model` with these limits."""
-        executor = ModelExecutor("m/1", model, max_batch_size, max_batch_delay_s, max_queue_rows)
+        executor = ModelExecutor(
+            "m/1", model, max_batch_size, max_batch_delay_s, max_queue_rows, buckets=bucket_sizes(max_batch_size)
+        )
         executor.start()
         started.append(executor)
         return executor
@@ -231,7 +243,7 @@ def test_output_without_batch_dimension_fails_the_job() -> None:
         """A model whose output has lost the batch dimension."""
         return {"y": np.float32(inputs["x"].sum())}
 
-    executor = ModelExecutor("m/1", scalar_model, 4, 0.0, 100)
+    executor = ModelExecutor("m/1", scalar_model, 4, 0.0, 100, buckets=bucket_sizes(4))
     executor.start()
     try:
         future = enqueue(executor, "serving_default", {"x": rows(0, 2)}, 2, True)
@@ -319,7 +331,7 @@ def test_integer_and_multi_input_jobs_are_batched_per_input() -> None:
         seen.append(len(inputs["a"]))
         return {"sum": inputs["a"] + inputs["b"], "a_first": inputs["a"][:, :1]}
 
-    executor = ModelExecutor("m/1", add, 4, 0.0, 100)
+    executor = ModelExecutor("m/1", add, 4, 0.0, 100, buckets=bucket_sizes(4))
     executor.start()
     try:
         a = np.arange(6, dtype=np.int64).reshape(3, 2)
