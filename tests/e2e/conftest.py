@@ -35,6 +35,10 @@ latest = 1
 
 [models.nonfinite]
 allow_non_finite = true
+
+[models.slow]
+max_batch_size = 1
+max_queue_rows = 1
 """
 
 
@@ -53,6 +57,20 @@ def build_keras3_models(root: Path) -> None:
     )
     (root / "k3cnn" / "1").mkdir(parents=True)
     cnn.save(root / "k3cnn" / "1" / "model.keras")
+
+    # Slow on purpose (about 0.1-0.3 s per row on one core): for queueing, shedding and deadlines.
+    slow = keras.Sequential(
+        [
+            keras.Input(shape=(192, 192, 3), name="image"),
+            keras.layers.Conv2D(32, 7, padding="same"),
+            keras.layers.Conv2D(64, 7, padding="same"),
+            keras.layers.Conv2D(64, 7, padding="same"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(1, name="score"),
+        ]
+    )
+    (root / "slow" / "1").mkdir(parents=True)
+    slow.save(root / "slow" / "1" / "model.keras")
 
     inputs = keras.Input(shape=(20,), name="features")
     hidden = keras.layers.Dense(16, activation="relu")(inputs)
