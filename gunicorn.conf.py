@@ -30,3 +30,4 @@ post_fork = hooks.post_fork
 post_worker_init = hooks.post_worker_init
 worker_exit = hooks.worker_exit
 child_exit = hooks.child_exit
+on_exit = hooks.on_exit

@@ -41,6 +41,17 @@ def on_starting(server: Any) -> None:
     server.log.info("forkserve: run directory %s", settings.run_dir)
 
 
+def on_exit(server: Any) -> None:
+    """Master, last thing before it exits: remove what it made in the run directory."""
+    settings = Settings.from_env()
+    for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
+        shutil.rmtree(directory, ignore_errors=True)
+    try:
+        settings.run_dir.rmdir()  # only when empty: a run directory the user gave may hold more
+    except OSError:
+        pass
+
+
 def child_exit(server: Any, worker: Any) -> None:
     """Master, after reaping a worker (SIGKILL included): count the exit, fold its metrics, forget it."""
     from server import metrics, metrics_files

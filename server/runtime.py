@@ -18,6 +18,8 @@ from server.repository import VersionSource
 from server.signature import SignatureInfo, TensorInfo
 
 log = logging.getLogger("forkserve.runtime")
+# TF1 SavedModels log a warning per variable on load ("Unable to create a python object ...").
+tf.get_logger().setLevel(logging.ERROR)
 
 _threads_configured = False
 

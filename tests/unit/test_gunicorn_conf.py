@@ -17,31 +17,37 @@ print(json.dumps({
     "bind": conf["bind"], "workers": conf["workers"], "worker_class": conf["worker_class"],
     "threads": conf["threads"], "preload_app": conf["preload_app"], "cpus": len(os.sched_getaffinity(0)),
     "heavy": sorted(m for m in ("tensorflow", "keras", "tf_keras") if m in sys.modules),
-    "hooks": sorted(k for k in ("on_starting", "post_fork", "post_worker_init", "child_exit") if callable(conf.get(k))),
+    "hooks": sorted(k for k in ("on_starting", "post_fork", "post_worker_init", "worker_exit", "child_exit", "on_exit") if callable(conf.get(k))),
 }))
 """
 
 
-def _load(env: dict[str, str]) -> dict:
+def _load(env: dict[str, str], run_dir: Path) -> dict:
     """Evaluate gunicorn.conf.py in a fresh interpreter, as the master does."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FORKSERVE_")}
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, check=True)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FORKSERVE_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    env = {**clean, "FORKSERVE_RUN_DIR": str(run_dir), **env}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
-def test_defaults_are_the_documented_ones() -> None:
-    conf = _load({})
+def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
+    conf = _load({}, tmp_path)
     assert conf["bind"] == ["127.0.0.1:8000"]
     assert conf["workers"] == conf["cpus"]
     assert conf["worker_class"] == "gthread" and conf["threads"] >= 4
     assert conf["preload_app"] is False
-    assert conf["hooks"] == ["child_exit", "on_starting", "post_fork", "post_worker_init"]
+    assert conf["hooks"] == ["child_exit", "on_exit", "on_starting", "post_fork", "post_worker_init", "worker_exit"]
 
 
-def test_master_config_imports_no_tensorflow() -> None:
-    assert _load({})["heavy"] == []
+def test_master_config_imports_no_tensorflow(tmp_path: Path) -> None:
+    assert _load({}, tmp_path)["heavy"] == []
 
 
-def test_environment_overrides() -> None:
-    conf = _load({"FORKSERVE_BIND": "127.0.0.1:9999", "FORKSERVE_WORKERS": "3", "FORKSERVE_THREADS": "4"})
+def test_config_exports_the_metrics_directory_before_prometheus_client_loads(tmp_path: Path) -> None:
+    _load({}, tmp_path)
+    assert (tmp_path / "metrics").is_dir()
+
+
+def test_environment_overrides(tmp_path: Path) -> None:
+    conf = _load({"FORKSERVE_BIND": "127.0.0.1:9999", "FORKSERVE_WORKERS": "3", "FORKSERVE_THREADS": "4"}, tmp_path)
     assert conf["bind"] == ["127.0.0.1:9999"] and conf["workers"] == 3 and conf["threads"] == 4

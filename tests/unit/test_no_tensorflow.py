@@ -74,6 +74,3 @@ def test_every_codec_module_is_covered_by_the_probe() -> None:
     codecs = sorted(p.stem for p in (REPO / "server" / "codecs").glob("*.py") if p.stem != "__init__")
     assert [f"server.codecs.{name}" for name in codecs] == [m for m in MODULES if m.startswith("server.codecs.")]
 
-
-def test_unit_test_process_has_not_imported_tensorflow() -> None:
-    assert [m for m in sys.modules if is_tf_or_keras(m)] == []
