@@ -21,11 +21,13 @@ timeout = 30  # heartbeat; request time is bounded by the in-app deadline (reque
 graceful_timeout = 30
 keepalive = 75  # above nginx's upstream keepalive_timeout (60 s) so nginx closes first
 control_socket_disable = True  # several instances on one host would share ~/.gunicorn/gunicorn.ctl
+pidfile = str(_settings.run_dir / "gunicorn.pid")  # `python -m server reload` signals this pid
 loglevel = _settings.log_level
 accesslog = "-"
 access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s version=%({x-model-version}o)s'
 
 on_starting = hooks.on_starting
+when_ready = hooks.when_ready
 post_fork = hooks.post_fork
 post_worker_init = hooks.post_worker_init
 worker_exit = hooks.worker_exit

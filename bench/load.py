@@ -62,7 +62,7 @@ def run_wrk(url: str, body: bytes, connections: int, seconds: float, threads: in
         script = Path(work) / "post.lua"
         script.write_text(LUA.format(body=body_file))
         command = [
-            "wrk", f"-t{min(threads, connections)}", f"-c{connections}", f"-d{seconds}s", "--latency",
+            "wrk", f"-t{min(threads, connections)}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
             "--timeout", "10s", "-s", str(script), url,
         ]
         output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=True).stdout

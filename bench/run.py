@@ -87,12 +87,13 @@ def in_process_limit(model_file: Path, cpus: int) -> dict:
 class Baseline:
     """A plain gunicorn app (the naive server or the HTTP floor) with forkserve's gunicorn settings."""
 
-    def __init__(self, app: str, workers: int, env: dict[str, str]) -> None:
+    def __init__(self, app: str, workers: int, env: dict[str, str], cwd: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [str(GUNICORN), "-w", str(workers), "-k", "gthread", "--threads", "8", "-b", f"127.0.0.1:{self.port}",
                    "--keep-alive", "75", "--timeout", "120", "--no-control-socket", app]
-        self.process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
+        # NOTE: cwd elsewhere, or gunicorn would read forkserve's gunicorn.conf.py and its hooks.
+        self.process = subprocess.Popen(command, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", **env},
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait(self, path: str, body: bytes, workers: int) -> None:
@@ -143,13 +144,13 @@ def run(seconds: float, out: Path) -> None:
         finally:
             forkserve.stop()
         for workload in ("cnn", "mlp"):
-            naive = Baseline("bench.naive_app:app", cpus, {"NAIVE_MODEL": str(files[workload])})
+            naive = Baseline("bench.naive_app:app", cpus, {"NAIVE_MODEL": str(files[workload])}, work)
             try:
                 naive.wait(f"/v1/models/{workload}:predict", bodies[workload], cpus)
                 rows += measure(f"{naive.url}/v1/models/{workload}:predict", bodies[workload], workload, "naive", seconds)
             finally:
                 naive.stop()
-        floor = Baseline("bench.floor_app:app", cpus, {})
+        floor = Baseline("bench.floor_app:app", cpus, {}, work)
         try:
             floor.wait("/v1/models/x:predict", bodies["mlp"], cpus)
             for workload in ("cnn", "mlp"):

@@ -27,7 +27,7 @@ def create_app(settings: Settings | None = None, config: ServerConfig | None = N
     config = config or load_config(settings.conf_path)
     app = Flask("forkserve")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.extensions["forkserve"] = ModelRegistry(settings.models_dir, config)
+    app.extensions["forkserve"] = ModelRegistry(settings.models_dir, config, settings.run_dir)
     app.extensions["forkserve.settings"] = settings
     app.register_blueprint(health.blueprint)
     app.register_blueprint(tfserving.blueprint)

@@ -41,8 +41,30 @@ def on_starting(server: Any) -> None:
     server.log.info("forkserve: run directory %s", settings.run_dir)
 
 
+_controller: Any = None  # the master's RolloutController (one per master process)
+
+
+def when_ready(server: Any) -> None:
+    """Master, listeners open, before the first workers fork: publish the target, start the watcher.
+
+    SIGHUP is rerouted to the readiness-gated rollout: gunicorn's own HUP forks new workers and
+    stops the old ones at once, before the new ones have loaded TensorFlow and the models.
+    """
+    global _controller
+    from server.rollout import RolloutController, RolloutSettings
+
+    settings = Settings.from_env()
+    knobs = RolloutSettings(poll_interval=settings.poll_interval, boot_timeout=settings.boot_timeout)
+    _controller = RolloutController(server, settings.models_dir, settings.conf_path, settings.run_dir, knobs)
+    _controller.publish_initial_target()
+    server.handle_hup = lambda: _controller.request_reload("SIGHUP")
+    _controller.start()
+
+
 def on_exit(server: Any) -> None:
     """Master, last thing before it exits: remove what it made in the run directory."""
+    if _controller is not None:
+        _controller.stop()
     settings = Settings.from_env()
     for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
         shutil.rmtree(directory, ignore_errors=True)
@@ -97,7 +119,10 @@ def post_worker_init(worker: Any) -> None:
     master then halts the whole server. A model that fails is recorded as failed instead.
     """
     settings = Settings.from_env()
-    registry = worker.wsgi.extensions["forkserve"]
+    registry = getattr(worker.wsgi, "extensions", {}).get("forkserve")
+    if registry is None:
+        worker.log.error("forkserve: the WSGI app is not forkserve's create_app(); no models loaded")
+        return
     try:
         registry.load_all(settings.intra_op_for(worker.cfg.workers), settings.inter_op_threads)
     except Exception:  # NOTE: a bug here must not halt the server; the worker reports not ready
@@ -111,7 +136,15 @@ def post_worker_init(worker: Any) -> None:
     write_worker_state(
         settings.run_dir,
         os.getpid(),
-        {"pid": os.getpid(), "loaded": True, "ready": ready, "models": report, "booted_at": time.time()},
+        {
+            "pid": os.getpid(),
+            "loaded": True,
+            "ready": ready,
+            "generation": registry.generation,
+            "serving": {name: entry["serving"] for name, entry in report.items()},
+            "models": report,
+            "booted_at": time.time(),
+        },
     )
 
 

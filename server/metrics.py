@@ -73,3 +73,12 @@ WORKER_BOOTS = Counter("forkserve_worker_boots", "Workers that finished booting 
 WORKER_EXITS = Counter(
     "forkserve_worker_exits", "Worker exits seen by the master, by reason.", ["reason"],
 )
+
+# --- rollouts (master) ---
+ROLLOUTS = Counter("forkserve_rollouts", "Rolling restarts by outcome.", ["result"])
+ROLLOUT_FAILED_VERSIONS = Counter(
+    "forkserve_rollout_failed_versions", "Model versions a rollout marked failed (never served).", ["model", "version"],
+)
+ROLLOUT_IN_PROGRESS = Gauge(
+    "forkserve_rollout_in_progress", "1 while a rolling restart runs.", multiprocess_mode="livemax",
+)

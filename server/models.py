@@ -17,6 +17,7 @@ from server.config import ModelConfig, ServerConfig
 from server.errors import NotFound, Unavailable
 from server.repository import VersionSource, scan, select_versions
 from server.signature import SignatureInfo
+from server.target import read_failed, read_target
 
 log = logging.getLogger("forkserve.models")
 
@@ -108,11 +109,13 @@ class Model:
 class ModelRegistry:
     """Every model this worker serves, by name."""
 
-    def __init__(self, models_dir: Any, config: ServerConfig) -> None:
+    def __init__(self, models_dir: Any, config: ServerConfig, run_dir: Any = None) -> None:
         self.models_dir = models_dir
         self.config = config
+        self.run_dir = run_dir
         self.models: dict[str, Model] = {}
         self.loaded = False
+        self.generation = ""  # the master's target this worker loaded ("" without a master)
 
     def get(self, name: str) -> Model:
         """A model by name, or TF Serving's NotFound."""
@@ -122,14 +125,37 @@ class ModelRegistry:
         return model
 
     def plan(self) -> list[tuple[Model, list[VersionSource], int]]:
-        """Scan the repository and register each model with the versions to try."""
+        """Register each model with the versions to try: the master's target, else a scan."""
+        found = scan(self.models_dir)
+        target = read_target(self.run_dir) if self.run_dir is not None else None
         plan = []
-        for name, sources in scan(self.models_dir).items():
-            config = self.config.for_model(name)
-            candidates, keep = select_versions(sources, config)
-            model = self.models.setdefault(name, Model(name, config))
-            plan.append((model, candidates, keep))
-        return plan
+        if target is None:
+            for name, sources in found.items():
+                candidates, keep = select_versions(sources, self.config.for_model(name))
+                plan.append((name, candidates, keep))
+        else:
+            self.generation = target.generation
+            for name, wanted in target.models.items():
+                by_version = {source.version: source for source in found.get(name, [])}
+                plan.append((name, [by_version[v] for v in wanted.candidates if v in by_version], wanted.keep))
+        return [
+            (self.models.setdefault(name, Model(name, self.config.for_model(name))), candidates, keep)
+            for name, candidates, keep in plan
+        ]
+
+    def statuses(self, name: str) -> list[dict[str, Any]]:
+        """model_version_status of every version this worker tried, and of versions a rollout failed."""
+        model = self.get(name)
+        entries = {v.version: v.status() for v in model.versions.values()}
+        if self.run_dir is not None:
+            for version, reason in read_failed(self.run_dir).get(name, {}).items():
+                if int(version) not in entries or model.versions[int(version)].state != AVAILABLE:
+                    entries[int(version)] = {
+                        "version": version,
+                        "state": END,
+                        "status": {"error_code": "UNKNOWN", "error_message": reason},
+                    }
+        return [entries[v] for v in sorted(entries, reverse=True)]
 
     def load_all(self, intra_op_threads: int, inter_op_threads: int) -> None:
         """Load, warm and start every selected version; failures are recorded, never raised."""
@@ -205,6 +231,8 @@ class ModelRegistry:
             states = {str(v.version): v.state for v in model.versions.values()}
             failed = {str(v.version): v.error for v in model.versions.values() if v.error}
             serving = [v.version for v in model.available()]
+            if self.run_dir is not None:
+                failed.update(read_failed(self.run_dir).get(name, {}))
             report[name] = {"serving": serving, "states": states, **({"failed": failed} if failed else {})}
             if not serving:
                 ready = False

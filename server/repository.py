@@ -37,12 +37,15 @@ class VersionSource:
     path: Path
     format: str  # "keras", "h5", "savedmodel" or "" when nothing loadable is there
     problem: str = ""  # why the directory cannot be loaded, when format is ""
+    file: Path | None = None  # the Keras file, when it is known already
 
     @property
     def model_path(self) -> Path:
         """What the loader opens: the SavedModel directory or the single Keras file."""
         if self.format == "savedmodel":
             return self.path
+        if self.file is not None:
+            return self.file
         return next(p for p in _model_files(self.path) if _format_of_file(p) == self.format)
 
 

@@ -24,6 +24,20 @@ def available_cpus() -> int:
     return max(1, count)
 
 
+def _env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment, or the default."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
 def _env_int(name: str, default: int) -> int:
     """Read a positive integer from the environment, or the default."""
     raw = os.environ.get(name, "").strip()
@@ -54,6 +68,8 @@ class Settings:
     log_level: str
     run_dir: Path  # worker state files and the metrics directory; one per instance
     metrics_dir: Path  # prometheus_client multiprocess directory
+    poll_interval: float  # seconds between repository scans in the master
+    boot_timeout: float  # seconds a new worker has to load and warm up during a rollout
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -75,6 +91,8 @@ class Settings:
             log_level=os.environ.get("FORKSERVE_LOG_LEVEL", "info"),
             run_dir=run_dir,
             metrics_dir=Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics").resolve(),
+            poll_interval=_env_seconds("FORKSERVE_POLL_INTERVAL", 2.0),
+            boot_timeout=_env_seconds("FORKSERVE_BOOT_TIMEOUT", 300.0),
         )
 
     def export(self) -> None:

@@ -60,12 +60,13 @@ def models(rest: str) -> Response:
         instrument.begin(name if name in registry().models else instrument.UNKNOWN_MODEL, f"tfserving_{action}")
     model = registry().get(name)
     if action == "status":
-        if version is not None or label is not None:
-            target = model.resolve(version, label) if label is not None else model.versions.get(version)
-            if target is None:
+        statuses = registry().statuses(name)
+        if label is not None:
+            version = model.resolve(version, label).version
+        if version is not None:
+            statuses = [s for s in statuses if s["version"] == str(version)]
+            if not statuses:
                 raise NotFound(f"Servable not found for request: Specific({name}, {version})")
-            return json_response({"model_version_status": [target.status()]})
-        statuses = [v.status() for v in sorted(model.versions.values(), key=lambda v: -v.version)]
         if not statuses:
             raise NotFound(f"Servable not found for request: Latest({name})")
         return json_response({"model_version_status": statuses})

@@ -39,4 +39,4 @@ def test_restarts_keep_counts_and_a_bounded_number_of_files(light_server: Server
     files = sorted(p.name for p in (light_server.run_dir / "metrics").glob("*.db"))
     live = {str(pid) for pid in light_server.worker_pids()} | {str(light_server.process.pid), "archive"}
     assert {name.rsplit("_", 1)[1].removesuffix(".db") for name in files} <= live, files
-    assert len(files) <= 3 * 3 + 2, files  # counter, histogram, gauge per live process + 2 archives
+    assert len(files) <= 4 * 3 + 2, files  # counter, histogram, 2 gauge modes per live process + 2 archives
