@@ -103,6 +103,9 @@ def publish(name: str, source: Path | str, models_dir: Path | str, check: bool =
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".publish-", dir=model_dir))  # hidden: never scanned
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it 0700; a version is as readable as a copy
         target = staging / (("model" + source.suffix.lower()) if kind == "file" else "")
         _copy_synced(source, target if kind == "file" else staging)
         _fsync(staging)

@@ -1,0 +1,140 @@
+"""Rolling model updates under traffic, through the real nginx: publish, a corrupt version, SIGHUP."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+import requests
+
+from server.state import read_worker_states
+from server.target import read_failed
+from tests.e2e.harness import ROOT, Server, wait_until
+from tests.e2e.nginx import Nginx
+from tests.e2e.traffic import BODY, Traffic
+from tests.e2e.test_metrics import samples, value
+
+CLIENTS = 8
+MIN_SECONDS = 30
+
+
+@pytest.fixture(scope="module")
+def fleet(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Nginx]]:
+    """A 2-worker forkserve over a repository holding mlp version 1, behind nginx."""
+    repo = tmp_path_factory.mktemp("rollout-models")
+    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    run_dir = tmp_path_factory.mktemp("rollout-run")
+    server = Server(
+        models_dir=repo, run_dir=run_dir, workers=2,
+        env={"FORKSERVE_POLL_INTERVAL": "0.5", "FORKSERVE_BOOT_TIMEOUT": "90"},
+    ).start()
+    nginx = Nginx(tmp_path_factory.mktemp("nginx"), [server.port])
+    yield server, nginx
+    nginx.stop()
+    server.stop()
+
+
+def _serving(server: Server) -> dict[int, list[int]]:
+    """pid -> versions of mlp each live worker serves."""
+    return {pid: state.get("serving", {}).get("mlp", []) for pid, state in read_worker_states(server.run_dir).items()
+            if pid in server.worker_pids()}
+
+
+def _all_serve(server: Server, versions: list[int], count: int = 2) -> bool:
+    """Exactly `count` live workers, each serving exactly `versions`."""
+    serving = _serving(server)
+    return len(serving) == count and all(v == versions for v in serving.values())
+
+
+def test_rollouts_under_traffic_fail_no_request(fleet: tuple[Server, Nginx], model_repo: Path) -> None:
+    server, nginx = fleet
+    traffic = Traffic(f"{nginx.url}/v1/models/mlp:predict")
+    started = time.monotonic()
+    threads = traffic.start(CLIENTS)
+    try:
+        # (a) publish version 2 while traffic flows; the watcher rolls it out.
+        publish = subprocess.run(
+            [sys.executable, "-m", "server", "publish", "mlp", str(model_repo / "mlp" / "1" / "model.keras"),
+             "--models", str(server.models_dir)],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )
+        assert publish.returncode == 0 and publish.stdout.strip() == "2", publish.stderr
+        wait_until(lambda: _all_serve(server, [2]) and "finished" in server.log().split("rollout")[-1], 120, "rollout to 2")
+        rolled_out = time.monotonic()
+
+        # (b) a corrupt version appears (a truncated file, renamed in the way a careless trainer would).
+        good = (model_repo / "mlp" / "1" / "model.keras").read_bytes()
+        staging = server.models_dir / "mlp" / ".incoming"
+        staging.mkdir()
+        (staging / "model.keras").write_bytes(good[: len(good) // 3] + os.urandom(512))
+        os.rename(staging, server.models_dir / "mlp" / "3")
+        wait_until(lambda: "3" in read_failed(server.run_dir).get("mlp", {}), 120, "version 3 to be marked failed")
+        wait_until(lambda: _all_serve(server, [2]), 60, "the fleet back to 2 workers on version 2")
+
+        # (c) SIGHUP: every worker is replaced, readiness-gated.
+        before_hup = set(server.worker_pids())
+        os.kill(server.process.pid, signal.SIGHUP)
+        wait_until(lambda: not before_hup & set(server.worker_pids()) and _all_serve(server, [2]), 120, "HUP rollout")
+        while time.monotonic() - started < MIN_SECONDS:
+            time.sleep(0.5)  # keep the traffic going for the required minimum
+    finally:
+        traffic.stop.set()
+        for thread in threads:
+            thread.join(60)
+
+    answers = traffic.answers
+    assert len(answers) > CLIENTS * MIN_SECONDS, len(answers)
+    assert traffic.failures() == []
+    versions = {a[2] for a in answers}
+    assert versions == {"1", "2"}, versions  # the corrupt version 3 never answered
+    late = [a for a in answers if a[0] > rolled_out + 1.0]
+    assert late and {a[2] for a in late} == {"2"}
+    # The corrupt version is reported: status, metric and log.
+    status = requests.get(f"{nginx.url}/v1/models/mlp/versions/3", timeout=10).json()["model_version_status"][0]
+    assert status["state"] == "END" and "rollout aborted" in status["status"]["error_message"]
+    scrape = samples(server)
+    assert value(scrape, "forkserve_rollout_failed_versions_total", model="mlp", version="3") == 1
+    assert value(scrape, "forkserve_rollouts_total", result="failed") == 1
+    assert value(scrape, "forkserve_rollouts_total", result="succeeded") >= 2
+    assert "aborted, old workers keep serving" in server.log()
+    # nginx saw every request answered by forkserve (no 5xx from the proxy itself).
+    assert " 502 " not in nginx.access_log() and " 504 " not in nginx.access_log()
+
+
+def test_reload_command_replaces_every_worker(fleet: tuple[Server, Nginx]) -> None:
+    server, nginx = fleet
+    before = set(server.worker_pids())
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "reload", "--run-dir", str(server.run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    wait_until(lambda: not before & set(server.worker_pids()) and len(server.worker_pids()) == 2, 120, "reload")
+    answer = requests.post(f"{nginx.url}/v1/models/mlp:predict", json=BODY, timeout=30)
+    assert answer.ok and answer.headers["X-Model-Version"] == "2"
+    assert answer.headers["X-Request-Id"]
+
+
+def test_an_unsettled_directory_is_not_loaded_until_it_stops_changing(fleet: tuple[Server, Nginx], model_repo: Path) -> None:
+    server, _ = fleet
+    target_before = (server.run_dir / "target.json").read_text()
+    growing = server.models_dir / "mlp" / "4"
+    growing.mkdir()
+    data = (model_repo / "mlp" / "1" / "model.keras").read_bytes()
+    chunks = np.array_split(np.frombuffer(data, dtype=np.uint8), 8)
+    with open(growing / "model.keras", "wb") as handle:
+        for chunk in chunks:  # a slow copy: one chunk every 0.4 s, while the watcher polls every 0.5 s
+            handle.write(chunk.tobytes())
+            handle.flush()
+            assert (server.run_dir / "target.json").read_text() == target_before
+            time.sleep(0.4)
+    wait_until(lambda: _all_serve(server, [4]), 120, "version 4 once settled")

@@ -1,0 +1,47 @@
+"""Closed-loop clients that post predictions until stopped and record every answer."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+BODY = {"instances": [[0.5] * 20, [-0.25] * 20]}
+
+
+@dataclass
+class Traffic:
+    """Clients posting predictions through nginx until stopped; every answer is recorded."""
+
+    url: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    answers: list[tuple[float, int, str, str, float]] = field(default_factory=list)  # (t, status, version, error, seconds)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def client(self) -> None:
+        session = requests.Session()
+        while not self.stop.is_set():
+            at = time.monotonic()
+            try:
+                response = session.post(self.url, json=BODY, timeout=30)
+                error = response.text[:200] if not response.ok else ""
+                record = (at, response.status_code, response.headers.get("X-Model-Version", ""), error, time.monotonic() - at)
+            except requests.RequestException as exc:
+                record = (at, 0, "", repr(exc), time.monotonic() - at)
+            with self.lock:
+                self.answers.append(record)
+
+    def failures(self) -> list[tuple[float, int, str, str, float]]:
+        with self.lock:
+            return [a for a in self.answers if a[1] != 200]
+
+
+
+    def start(self, clients: int) -> list[threading.Thread]:
+        """Start `clients` client threads."""
+        threads = [threading.Thread(target=self.client, daemon=True) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
+        return threads
