@@ -1,0 +1,78 @@
+"""The shipped nginx configs in front of real forkserve instances."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from server.settings import DEFAULT_MAX_BODY_BYTES
+from tests.e2e.conftest import MAX_BODY_BYTES
+from tests.e2e.harness import Server, wait_until
+from tests.e2e.nginx import Nginx
+from tests.e2e.traffic import Traffic
+
+
+def test_single_upstream_proxies_ids_versions_and_limits(server: Server, tmp_path: Path) -> None:
+    nginx = Nginx(tmp_path / "nginx", [server.port])
+    try:
+        answer = requests.post(f"{nginx.url}/v1/models/mlp:predict", json={"instances": [[0.1] * 20]},
+                               headers={"X-Request-Id": "via-nginx-1"}, timeout=30)
+        assert answer.ok and answer.headers["X-Request-Id"] == "via-nginx-1"
+        assert answer.headers["X-Model-Version"] == "1"
+        generated = requests.get(f"{nginx.url}/healthz", timeout=10).headers["X-Request-Id"]
+        assert len(generated) == 32  # nginx's $request_id, passed to forkserve and echoed
+        assert "rid=via-nginx-1 version=1" in nginx.access_log()
+        # The server's own limit (1 MiB in this test) answers first: nginx's 32m matches the default.
+        big = b'{"instances": [' + b"0.5," * (MAX_BODY_BYTES // 4) + b"0.5]}"
+        too_big = requests.post(f"{nginx.url}/v1/models/mlp:predict", data=big,
+                                headers={"Content-Type": "application/json"}, timeout=30)
+        assert too_big.status_code == 413 and too_big.json() == {"error": too_big.json()["error"]}
+        assert requests.get(f"{nginx.url}/metrics", timeout=10).status_code == 200  # loopback is allowed
+    finally:
+        nginx.stop()
+    for name in ("nginx.conf", "nginx-multi.conf"):
+        conf = (Path(__file__).resolve().parents[2] / "conf" / name).read_text()
+        megabytes = int(re.search(r"client_max_body_size (\d+)m;", conf)[1])
+        assert megabytes * 1024 * 1024 == DEFAULT_MAX_BODY_BYTES  # nginx and forkserve refuse the same bodies
+
+
+@pytest.fixture()
+def two_instances(model_repo: Path, tmp_path: Path) -> list[Server]:
+    """Two independent forkserve instances with one worker each, serving mlp."""
+    repo = tmp_path / "models"
+    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    instances = [Server(models_dir=repo, run_dir=tmp_path / f"run{i}", workers=1) for i in range(2)]
+    for instance in instances:
+        instance.start()
+    yield instances
+    for instance in instances:
+        instance.stop()
+
+
+def test_requests_keep_succeeding_when_one_instance_is_sigkilled(two_instances: list[Server], tmp_path: Path) -> None:
+    nginx = Nginx(tmp_path / "nginx", [s.port for s in two_instances], conf_name="nginx-multi.conf")
+    traffic = Traffic(f"{nginx.url}/v1/models/mlp:predict")
+    threads = traffic.start(4)
+    try:
+        wait_until(lambda: len(traffic.answers) > 50, 30, "traffic through both instances")
+        victim = two_instances[0]
+        pids = [victim.process.pid, *victim.worker_pids()]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_until(lambda: len([a for a in traffic.answers if a[0] > killed_at + 1]) > 100, 60, "traffic after the kill")
+    finally:
+        traffic.stop.set()
+        for thread in threads:
+            thread.join(30)
+        nginx.stop()
+    assert traffic.failures() == []
+    after = [a for a in traffic.answers if a[0] > killed_at + 1]
+    assert after and all(a[1] == 200 for a in after)
