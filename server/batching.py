@@ -11,7 +11,6 @@ import collections
 import logging
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from server import metrics
 from server.errors import ApiError, ResourceExhausted
+from server.reply import Reply
 
 log = logging.getLogger("forkserve.batching")
 
@@ -38,7 +38,7 @@ class Job:
     inputs: dict[str, np.ndarray]
     rows: int
     batchable: bool
-    future: Future = field(default_factory=Future)
+    future: Reply = field(default_factory=Reply)
     enqueued: float = field(default_factory=time.monotonic)
     started: float = 0.0  # set by the executor when the call that holds this job begins
     finished: float = 0.0

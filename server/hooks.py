@@ -16,7 +16,13 @@ from typing import Any
 
 from server.config import load_config
 from server.settings import Settings
-from server.state import read_exit_reason, remove_worker_state, workers_dir, write_exit_reason, write_worker_state
+from server.state import (
+    read_exit_reason,
+    remove_worker_state,
+    workers_dir,
+    write_exit_reason,
+    write_worker_state,
+)
 
 log = logging.getLogger("forkserve.hooks")
 

@@ -18,7 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from server.repository import HDF5_SUFFIXES, KERAS_SUFFIXES, is_model_name, parse_version
+from server.repository import (
+    HDF5_SUFFIXES,
+    KERAS_SUFFIXES,
+    is_model_name,
+    parse_version,
+)
 
 LOCK_NAME = ".publish.lock"
 

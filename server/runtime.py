@@ -63,7 +63,7 @@ class Servable:
     def run(self, signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one signature on numpy inputs (on the executor thread only)."""
         try:
-            outputs = self._call(signature, {k: tf.convert_to_tensor(v) for k, v in inputs.items()})
+            outputs = self._call(signature, {k: tf.constant(v) for k, v in inputs.items()})
         except tf.errors.OpError as exc:
             raise _tf_error(exc) from None
         return {name: value.numpy() for name, value in outputs.items()}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from server.api import instrument
 from server.codecs import jsonio
 from server.errors import ApiError, DeadlineExceeded
 from server.models import ModelRegistry, ModelVersion
+from server.reply import ReplyTimeout
 
 # curl -d sends form-urlencoded and TF Serving's docs use it, so that (and none) also means JSON.
 JSON_CONTENT_TYPES = frozenset({"", "application/json", "application/x-www-form-urlencoded", "text/plain"})
@@ -66,7 +66,7 @@ def infer(version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], 
     job = version.executor.submit(signature, inputs, rows, batchable)
     try:
         outputs = job.future.result(timeout=timeout)
-    except FutureTimeout:
+    except ReplyTimeout:
         job.future.cancel()
         metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc()
         raise DeadlineExceeded(
