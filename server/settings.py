@@ -24,29 +24,32 @@ def available_cpus() -> int:
     return max(1, count)
 
 
-def _env_seconds(name: str, default: float) -> float:
-    """A positive number of seconds from the environment, or the default."""
+def _env_value(name: str, convert: type, what: str) -> int | float | None:
+    """A number from the environment, None when unset; a ValueError names the variable."""
     raw = os.environ.get(name, "").strip()
     if not raw:
-        return default
+        return None
     try:
-        value = float(raw)
+        return convert(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+        raise ValueError(f"{name} must be {what}, got {raw!r}") from None
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment, or the default."""
+    value = _env_value(name, float, "a number of seconds")
+    if value is None:
+        return default
     if not 0 < value < math.inf:
-        raise ValueError(f"{name} must be positive, got {raw!r}")
+        raise ValueError(f"{name} must be positive, got {value!r}")
     return value
 
 
 def _env_int(name: str, default: int) -> int:
-    """Read a positive integer from the environment, or the default."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
+    """A non-negative integer from the environment, or the default."""
+    value = _env_value(name, int, "an integer")
+    if value is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
     if value < 0:
         raise ValueError(f"{name} must not be negative, got {value}")
     return value
