@@ -23,7 +23,7 @@ keepalive = 75  # above nginx's upstream keepalive_timeout (60 s) so nginx close
 control_socket_disable = True  # several instances on one host would share ~/.gunicorn/gunicorn.ctl
 pidfile = str(_settings.run_dir / "gunicorn.pid")  # `python -m server reload` signals this pid
 loglevel = _settings.log_level
-accesslog = "-"
+accesslog = "-" if _settings.access_log else None
 access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s version=%({x-model-version}o)s'
 
 on_starting = hooks.on_starting

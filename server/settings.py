@@ -69,6 +69,7 @@ class Settings:
     inter_op_threads: int
     max_body_bytes: int
     log_level: str
+    access_log: bool  # one gunicorn access-log line per request (costs CPU: see README)
     run_dir: Path  # worker state files and the metrics directory; one per instance
     metrics_dir: Path  # prometheus_client multiprocess directory
     poll_interval: float  # seconds between repository scans in the master
@@ -92,6 +93,7 @@ class Settings:
             inter_op_threads=_env_int("FORKSERVE_INTER_OP_THREADS", 1) or 1,
             max_body_bytes=_env_int("FORKSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES) or DEFAULT_MAX_BODY_BYTES,
             log_level=os.environ.get("FORKSERVE_LOG_LEVEL", "info"),
+            access_log=os.environ.get("FORKSERVE_ACCESS_LOG", "1").strip().lower() not in ("0", "false", "off", "no"),
             run_dir=run_dir,
             metrics_dir=Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics").resolve(),
             poll_interval=_env_seconds("FORKSERVE_POLL_INTERVAL", 2.0),
