@@ -42,10 +42,11 @@ class Job:
     enqueued: float = field(default_factory=time.monotonic)
     started: float = 0.0  # set by the executor when the call that holds this job begins
     finished: float = 0.0
+    key: tuple = ()  # jobs with equal keys can be concatenated into one call
 
-    def batch_key(self) -> tuple:
-        """Jobs with equal keys can be concatenated into one call."""
-        return (self.signature,) + tuple(
+    def __post_init__(self) -> None:
+        # Computed once, in the request thread: the executor compares keys while holding its lock.
+        self.key = (self.signature,) + tuple(
             (name, array.dtype.str, array.shape[1:]) for name, array in sorted(self.inputs.items())
         )
 
@@ -125,7 +126,7 @@ class ModelExecutor:
             first = self._jobs.popleft()
             batch, rows = [first], first.rows
             if first.batchable:
-                key = first.batch_key()
+                key = first.key
                 deadline = time.monotonic() + self.max_batch_delay_s
                 while rows < self.max_batch_size:
                     candidate = self._first_fitting(key, self.max_batch_size - rows)
@@ -145,7 +146,7 @@ class ModelExecutor:
     def _first_fitting(self, key: tuple, room: int) -> Job | None:
         """Remove and return the oldest queued job that fits the batch (FIFO otherwise kept)."""
         for index, job in enumerate(self._jobs):
-            if job.batchable and job.rows <= room and job.batch_key() == key:
+            if job.batchable and job.rows <= room and job.key == key:
                 del self._jobs[index]
                 return job
             if index >= 64:  # do not scan a long queue on every take

@@ -129,11 +129,11 @@ def test_an_unsettled_directory_is_not_loaded_until_it_stops_changing(fleet: tup
     growing = server.models_dir / "mlp" / "4"
     growing.mkdir()
     data = (model_repo / "mlp" / "1" / "model.keras").read_bytes()
-    chunks = np.array_split(np.frombuffer(data, dtype=np.uint8), 8)
+    chunks = np.array_split(np.frombuffer(data, dtype=np.uint8), 16)
     with open(growing / "model.keras", "wb") as handle:
-        for chunk in chunks:  # a slow copy: one chunk every 0.4 s, while the watcher polls every 0.5 s
+        for chunk in chunks:  # a slow copy: a chunk every 0.15 s, while the watcher polls every 0.5 s
             handle.write(chunk.tobytes())
             handle.flush()
             assert (server.run_dir / "target.json").read_text() == target_before
-            time.sleep(0.4)
+            time.sleep(0.15)
     wait_until(lambda: _all_serve(server, [4]), 120, "version 4 once settled")

@@ -127,10 +127,10 @@ def test_bucket_for_is_the_smallest_bucket_that_holds_the_rows(rows_: int, expec
 
 def test_batch_key_separates_signatures_dtypes_and_example_shapes() -> None:
     base = Job("s", {"x": np.zeros((2, 3), np.float32)}, 2, True)
-    assert base.batch_key() == Job("s", {"x": np.ones((5, 3), np.float32)}, 5, True).batch_key()
-    assert base.batch_key() != Job("t", {"x": np.zeros((2, 3), np.float32)}, 2, True).batch_key()
-    assert base.batch_key() != Job("s", {"x": np.zeros((2, 3), np.float64)}, 2, True).batch_key()
-    assert base.batch_key() != Job("s", {"x": np.zeros((2, 4), np.float32)}, 2, True).batch_key()
+    assert base.key == Job("s", {"x": np.ones((5, 3), np.float32)}, 5, True).key
+    assert base.key != Job("t", {"x": np.zeros((2, 3), np.float32)}, 2, True).key
+    assert base.key != Job("s", {"x": np.zeros((2, 3), np.float64)}, 2, True).key
+    assert base.key != Job("s", {"x": np.zeros((2, 4), np.float32)}, 2, True).key
 
 
 # --- executor ---------------------------------------------------------------------------------
