@@ -43,7 +43,7 @@ def _string_tensor(value: Any, name: str) -> np.ndarray:
     return array
 
 
-def _numeric_tensor(value: Any, info: TensorInfo) -> np.ndarray:
+def numeric_array(value: Any, info: TensorInfo) -> np.ndarray:
     """Nested lists of numbers to an array of the input's dtype, refusing lossy casts."""
     try:
         array = np.asarray(value)
@@ -75,7 +75,7 @@ def _numeric_tensor(value: Any, info: TensorInfo) -> np.ndarray:
 def _image_rows(rows: list[Any], info: TensorInfo, config: ModelConfig) -> np.ndarray:
     """A batch where rows may be `{"b64": <image>}` or nested numbers."""
     decoded = [
-        decode_image(decode_b64(row["b64"]), info, config) if is_b64_value(row) else _numeric_tensor(row, info)
+        decode_image(decode_b64(row["b64"]), info, config) if is_b64_value(row) else numeric_array(row, info)
         for row in rows
     ]
     shapes = {a.shape for a in decoded}
@@ -98,7 +98,7 @@ def to_array(value: Any, info: TensorInfo, config: ModelConfig, batched: bool = 
             f"input {info.name!r} is {info.dtype} {info.describe_shape()}, not an image or string input: "
             "b64 values are not accepted"
         )
-    return _numeric_tensor(value, info)
+    return numeric_array(value, info)
 
 
 def _fit_shape(array: np.ndarray, info: TensorInfo, strict: bool) -> np.ndarray:
