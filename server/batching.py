@@ -70,10 +70,8 @@ class ModelExecutor:
         self._traces = traces
         self._traces_seen = traces() if traces else 0
         self.model = model or name
-        self._queue_gauge = metrics.QUEUE_ROWS.labels(self.model)
-        self._batch_histogram = metrics.BATCH_ROWS.labels(self.model)
         for reason in ("queue_full", "deadline"):
-            metrics.REJECTED_REQUESTS.labels(self.model, reason)  # exported at 0 from the start
+            metrics.record(lambda reason=reason: metrics.REJECTED_REQUESTS.labels(self.model, reason))  # at 0
         self.max_batch_size = max_batch_size
         self.max_batch_delay_s = max_batch_delay_s
         self.max_queue_rows = max_queue_rows
@@ -106,14 +104,14 @@ class ModelExecutor:
             if self._stopping:
                 raise ApiError(f"model {self.name} is shutting down", status=503)
             if self._queued_rows and self._queued_rows + rows > self.max_queue_rows:
-                metrics.REJECTED_REQUESTS.labels(self.model, "queue_full").inc()
+                metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(self.model, "queue_full").inc())
                 raise ResourceExhausted(
                     f"model {self.name} queue is full ({self._queued_rows} rows waiting, limit {self.max_queue_rows})"
                 )
             self._jobs.append(job)
             self._queued_rows += rows
             self._cond.notify()
-        self._queue_gauge.inc(rows)
+        metrics.record(lambda: metrics.QUEUE_ROWS.labels(self.model).inc(rows))
         return job
 
     def _take(self) -> list[Job] | None:
@@ -140,7 +138,7 @@ class ModelExecutor:
                     self._cond.wait(remaining)
             taken = sum(job.rows for job in batch)
             self._queued_rows -= taken
-        self._queue_gauge.dec(taken)
+        metrics.record(lambda: metrics.QUEUE_ROWS.labels(self.model).dec(taken))
         return batch
 
     def _first_fitting(self, key: tuple, room: int) -> Job | None:
@@ -184,7 +182,7 @@ class ModelExecutor:
             return
         traces = self._traces()
         if traces > self._traces_seen:
-            metrics.MODEL_RETRACES.labels(self.model).inc(traces - self._traces_seen)
+            metrics.record(lambda: metrics.MODEL_RETRACES.labels(self.model).inc(traces - self._traces_seen))
             self._traces_seen = traces
 
     def _run_batch(self, batch: list[Job]) -> None:
@@ -212,7 +210,7 @@ class ModelExecutor:
             if job.batchable:
                 result = self.call_padded(job.signature, job.inputs, job.rows)
             else:
-                self._batch_histogram.observe(job.rows)
+                metrics.record(lambda: metrics.BATCH_ROWS.labels(self.model).observe(job.rows))
                 result = self._run(job.signature, job.inputs)
         except Exception as exc:  # handed to the request thread, which maps it to a status
             job.finished = time.monotonic()
@@ -233,7 +231,7 @@ class ModelExecutor:
                 if size > count:  # repeat the last row: padding never makes NaN or new shapes
                     part = np.concatenate([part, np.repeat(part[-1:], size - count, axis=0)])
                 chunk[name] = part
-            self._batch_histogram.observe(count)
+            metrics.record(lambda count=count: metrics.BATCH_ROWS.labels(self.model).observe(count))
             outputs = self._run(signature, chunk)
             for name, value in outputs.items():
                 if value.ndim == 0 or value.shape[0] != size:

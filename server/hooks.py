@@ -86,7 +86,7 @@ def child_exit(server: Any, worker: Any) -> None:
 
     settings = Settings.from_env()
     reason = "timeout" if worker.aborted else read_exit_reason(settings.run_dir, worker.pid) or "killed"
-    metrics.WORKER_EXITS.labels(reason).inc()
+    metrics.record(lambda: metrics.WORKER_EXITS.labels(reason).inc())
     try:
         metrics_files.compact_dead_process(settings.metrics_dir, worker.pid)
     except OSError as exc:  # a full disk or a removed directory degrades metrics, not serving
@@ -136,8 +136,8 @@ def post_worker_init(worker: Any) -> None:
     from server import metrics
 
     ready, report = registry.readiness()
-    metrics.WORKER_BOOTS.inc()
-    metrics.WORKERS_ALIVE.set(1)
+    metrics.record(metrics.WORKER_BOOTS.inc)
+    metrics.record(lambda: metrics.WORKERS_ALIVE.set(1))
     worker.log.info("forkserve worker %s %s: %s", os.getpid(), "ready" if ready else "NOT ready", report)
     write_worker_state(
         settings.run_dir,

@@ -7,7 +7,43 @@ use live* modes so a dead worker stops counting once the master marks it dead (c
 
 from __future__ import annotations
 
+import logging
+from typing import Callable
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from server.settings import Settings
+
+log = logging.getLogger("forkserve.metrics")
+
+
+def _ensure_directory() -> None:
+    """Recreate a removed multiprocess directory: unlabelled metrics open their file at import."""
+    settings = Settings.from_env()
+    if settings.multiprocess_metrics:
+        try:
+            settings.metrics_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("cannot create the metrics directory %s: %s", settings.metrics_dir, exc)
+
+
+_ensure_directory()
+_warned = False
+
+
+def record(update: Callable[[], object]) -> None:
+    """Apply one metric update; a broken metrics directory (removed, disk full) costs the metric only.
+
+    NOTE: multiprocess values live in mmapped files under PROMETHEUS_MULTIPROC_DIR; the first
+    write of a metric type in a process opens its file, which fails if the directory is gone.
+    """
+    global _warned
+    try:
+        update()
+    except (OSError, ValueError) as exc:
+        if not _warned:
+            _warned = True
+            log.warning("metrics disabled in this process: %s", exc)
 
 # 100 µs .. 10 s, roughly 2.5x apart: resolves a 0.3 ms MLP call and a 5 s stall alike.
 LATENCY_BUCKETS = (

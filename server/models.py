@@ -183,12 +183,11 @@ class ModelRegistry:
         """Load and warm one version; on any failure mark it END with the reason."""
         entry.state = LOADING
         labels = (entry.name, str(entry.version))
-        loading = metrics.MODEL_WORKERS_LOADING.labels(*labels)
-        loading.inc()
-        ready = metrics.MODEL_WORKERS_READY.labels(*labels)
-        ready.set(0)  # the series exists (at 0) even when this version never loads
-        failures = metrics.MODEL_LOAD_FAILURES.labels(*labels)
-        metrics.MODEL_RETRACES.labels(entry.name)
+        metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).inc())
+        # The series exist (at 0) even when this version never loads.
+        metrics.record(lambda: metrics.MODEL_WORKERS_READY.labels(*labels).set(0))
+        metrics.record(lambda: metrics.MODEL_LOAD_FAILURES.labels(*labels))
+        metrics.record(lambda: metrics.MODEL_RETRACES.labels(entry.name))
         started = time.monotonic()
         try:
             servable = runtime.load_servable(entry.source)
@@ -196,8 +195,8 @@ class ModelRegistry:
         except Exception as exc:  # a bad model must never take the worker down
             entry.state, entry.error = END, f"failed to load: {type(exc).__name__}: {exc}".strip()[:2000]
             entry.load_seconds = time.monotonic() - started
-            loading.dec()
-            failures.inc()
+            metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).dec())
+            metrics.record(lambda: metrics.MODEL_LOAD_FAILURES.labels(*labels).inc())
             log.error("model %s version %s failed to load after %.2fs: %s", entry.name, entry.version, entry.load_seconds, entry.error)
             return False
         entry.servable = servable
@@ -214,9 +213,9 @@ class ModelRegistry:
         entry.executor.start()
         entry.state = AVAILABLE
         entry.load_seconds = time.monotonic() - started
-        loading.dec()
-        ready.set(1)
-        metrics.MODEL_LOAD_SECONDS.labels(entry.name).observe(entry.load_seconds)
+        metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).dec())
+        metrics.record(lambda: metrics.MODEL_WORKERS_READY.labels(*labels).set(1))
+        metrics.record(lambda: metrics.MODEL_LOAD_SECONDS.labels(entry.name).observe(entry.load_seconds))
         log.info(
             "model %s version %s (%s) loaded and warmed (%d calls) in %.2fs",
             entry.name, entry.version, entry.source.format, calls, entry.load_seconds,

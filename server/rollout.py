@@ -159,13 +159,13 @@ class RolloutController:
         from server import metrics
 
         with _metric_writes:
-            metrics.ROLLOUT_IN_PROGRESS.set(1)
+            metrics.record(lambda: metrics.ROLLOUT_IN_PROGRESS.set(1))
         try:
             result = self._roll_workers(target)
         finally:
             with _metric_writes:
-                metrics.ROLLOUT_IN_PROGRESS.set(0)
-                metrics.ROLLOUTS.labels(result).inc()
+                metrics.record(lambda: metrics.ROLLOUT_IN_PROGRESS.set(0))
+                metrics.record(lambda: metrics.ROLLOUTS.labels(result).inc())
 
     def _roll_workers(self, target: Target) -> str:
         """The rollout itself; returns "succeeded" or "failed"."""
@@ -245,7 +245,7 @@ class RolloutController:
                 if version not in old_intended.get(model, []):
                     mark_failed(self.run_dir, model, version, f"rollout aborted: {problem}")
                     with _metric_writes:
-                        metrics.ROLLOUT_FAILED_VERSIONS.labels(model, str(version)).inc()
+                        metrics.record(lambda m=model, v=version: metrics.ROLLOUT_FAILED_VERSIONS.labels(m, str(v)).inc())
         # The target without the failed versions: workers that start later load what the old ones serve.
         self.current = compute_target(self.settled, self.config, read_failed(self.run_dir), "after aborted rollout")
         write_target(self.run_dir, self.current)

@@ -72,6 +72,7 @@ class Settings:
     access_log: bool  # one gunicorn access-log line per request (costs CPU: see README)
     run_dir: Path  # worker state files and the metrics directory; one per instance
     metrics_dir: Path  # prometheus_client multiprocess directory
+    multiprocess_metrics: bool  # PROMETHEUS_MULTIPROC_DIR is set (always under gunicorn.conf.py)
     poll_interval: float  # seconds between repository scans in the master
     boot_timeout: float  # seconds a new worker has to load and warm up during a rollout
 
@@ -96,6 +97,7 @@ class Settings:
             access_log=os.environ.get("FORKSERVE_ACCESS_LOG", "1").strip().lower() not in ("0", "false", "off", "no"),
             run_dir=run_dir,
             metrics_dir=Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics").resolve(),
+            multiprocess_metrics=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
             poll_interval=_env_seconds("FORKSERVE_POLL_INTERVAL", 2.0),
             boot_timeout=_env_seconds("FORKSERVE_BOOT_TIMEOUT", 300.0),
         )

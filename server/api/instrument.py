@@ -26,7 +26,7 @@ class Inference:
 def begin(model: str, api: str) -> None:
     """Start measuring an inference request of `api` ("predict", "classify", ...) for `model`."""
     g.inference = Inference(model, api)
-    metrics.INFLIGHT_REQUESTS.labels(model).inc()
+    metrics.record(lambda: metrics.INFLIGHT_REQUESTS.labels(model).inc())
 
 
 def set_version(version: int) -> None:
@@ -45,15 +45,20 @@ def finish(response: Response) -> Response:
     """after_request: count the request with its status code and observe its times."""
     inference: Inference | None = g.get("inference")
     if inference is not None:
-        metrics.REQUESTS.labels(inference.model, inference.version, inference.api, str(response.status_code)).inc()
-        metrics.REQUEST_SECONDS.labels(inference.model, inference.api).observe(time.perf_counter() - inference.started)
-        for name, seconds in inference.stages.items():
-            metrics.STAGE_SECONDS.labels(inference.model, name).observe(seconds)
+        metrics.record(lambda: _observe(inference, response.status_code, time.perf_counter() - inference.started))
     return response
+
+
+def _observe(inference: Inference, code: int, seconds: float) -> None:
+    """Count one finished request and its stage times."""
+    metrics.REQUESTS.labels(inference.model, inference.version, inference.api, str(code)).inc()
+    metrics.REQUEST_SECONDS.labels(inference.model, inference.api).observe(seconds)
+    for name, stage_seconds in inference.stages.items():
+        metrics.STAGE_SECONDS.labels(inference.model, name).observe(stage_seconds)
 
 
 def release(_: BaseException | None = None) -> None:
     """teardown_request: the request is no longer in flight, whatever happened."""
     inference: Inference | None = g.pop("inference", None)
     if inference is not None:
-        metrics.INFLIGHT_REQUESTS.labels(inference.model).dec()
+        metrics.record(lambda: metrics.INFLIGHT_REQUESTS.labels(inference.model).dec())

@@ -23,6 +23,7 @@ MODULES = [
     "server.codecs.jsonio",
     "server.codecs.tensors",
     "server.codecs.tfserving",
+    "server.codecs.v2",
     "server.app",
 ]
 PROBE = """
