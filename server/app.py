@@ -9,7 +9,7 @@ import uuid
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from server.api import health, instrument, metrics, tfserving, v2
+from server.api import health, instrument, metrics, openapi, tfserving, v2
 from server.api.common import json_response
 from server.config import ServerConfig, load_config
 from server.errors import ApiError, ResourceExhausted
@@ -33,6 +33,7 @@ def create_app(settings: Settings | None = None, config: ServerConfig | None = N
     app.register_blueprint(tfserving.blueprint)
     app.register_blueprint(metrics.blueprint)
     app.register_blueprint(v2.blueprint)
+    app.register_blueprint(openapi.blueprint)
     app.before_request(_assign_request_id)
     app.after_request(_echo_request_id)
     app.after_request(instrument.finish)

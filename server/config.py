@@ -30,6 +30,7 @@ class ModelConfig:
     allowed_batch_sizes: tuple[int, ...] = ()  # padded sizes; empty: powers of two up to the max
     max_batch_delay_ms: float = 0.0
     max_queue_rows: int = 1024
+    max_request_rows: int = 1024  # rows one request may carry; more is a 400
     request_timeout_s: float = 30.0  # a request that waits longer is answered 504
     image_scale: str = "unit"  # unit: [0, 1]; symmetric: [-1, 1]; none: 0..255
     image_resize: str = "bilinear"
@@ -69,6 +70,7 @@ class ModelConfig:
             (self.max_batch_delay_ms >= 0, "max_batch_delay_ms must be >= 0"),
             (self.max_queue_rows >= self.max_batch_size, "max_queue_rows must be >= max_batch_size"),
             (self.request_timeout_s > 0, "request_timeout_s must be > 0"),
+            (self.max_request_rows >= 1, "max_request_rows must be >= 1"),
             (self.image_scale in IMAGE_SCALES, f"image_scale must be one of {IMAGE_SCALES}"),
             (self.image_resize in RESIZE_METHODS, f"image_resize must be one of {RESIZE_METHODS}"),
             (self.image_mode in ("",) + IMAGE_MODES, f"image_mode must be one of {IMAGE_MODES}"),
@@ -93,7 +95,7 @@ class ServerConfig:
 
 
 _FIELDS = {f.name for f in fields(ModelConfig)}
-_INT_FIELDS = {"latest", "max_batch_size", "max_queue_rows", "max_image_pixels"}
+_INT_FIELDS = {"latest", "max_batch_size", "max_queue_rows", "max_request_rows", "max_image_pixels"}
 _FLOAT_FIELDS = {"max_batch_delay_ms", "request_timeout_s"}
 
 

@@ -155,4 +155,6 @@ def validate_inputs(
     batch = batch_sizes.pop() if batch_sizes else 1
     if batch == 0:
         raise InvalidArgument("empty batch: send at least one instance")
+    if batch > config.max_request_rows:
+        raise InvalidArgument(f"request has {batch} rows; the limit is {config.max_request_rows} (max_request_rows)")
     return fed, batch

@@ -298,3 +298,12 @@ def test_json_to_validated_arrays_end_to_end() -> None:
     array = to_array([1.0, 2.0, 5.0], x_info, CONFIG)  # TF Serving's half_plus_two example body
     fed, batch = validate_inputs({"x": array}, signature(x_info), CONFIG)
     assert batch == 3 and fed["x"].dtype == np.float32 and fed["x"].shape == (3, 1)
+
+
+def test_rows_over_the_request_limit_are_refused() -> None:
+
+    signature = SignatureInfo("s", "predict", {"x": TensorInfo("x", "float32", (None, 2))}, {})
+    config = ModelConfig(max_request_rows=3)
+    validate_inputs({"x": np.zeros((3, 2), np.float32)}, signature, config)
+    with pytest.raises(InvalidArgument, match="4 rows; the limit is 3"):
+        validate_inputs({"x": np.zeros((4, 2), np.float32)}, signature, config)
