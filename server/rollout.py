@@ -234,7 +234,7 @@ class RolloutController:
             # NOTE: TTOU stops the worker with the lowest age; make the new one the "oldest".
             self.arbiter.WORKERS[new_pid].age = -1
             os.kill(os.getpid(), signal.SIGTTOU)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 10  # a worker stuck in a load does not see SIGTERM
             while new_pid in self._worker_pids() and time.monotonic() < deadline:
                 time.sleep(0.1)
             if new_pid in self._worker_pids():  # stuck loading: gunicorn's graceful stop cannot reach it
