@@ -80,6 +80,22 @@ def build_keras3_models(root: Path) -> None:
         mlp.save(root / name / "1" / "model.keras")
 
 
+def write_model_naming_a_function(source: Path, target: Path) -> Path:
+    """A .keras file whose config names an arbitrary Python function (os.system) as an activation."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(source) as original:
+        config = json.loads(original.read("config.json"))
+        layer = next(item for item in config["config"]["layers"] if "activation" in item["config"])
+        layer["config"]["activation"] = {"module": "os", "class_name": "function", "config": "system", "registered_name": "system"}
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(target, "w") as forged:
+            for name in original.namelist():
+                forged.writestr(name, json.dumps(config) if name == "config.json" else original.read(name))
+    return target
+
+
 def build_repository(root: Path) -> Path:
     """TF Serving's test models, Keras 3, Keras 2 HDF5, a Keras 2 SavedModel and broken models."""
     shutil.copytree(TFSERVING_TESTDATA / "saved_model_half_plus_two_cpu", root / "half_plus_two")
@@ -93,6 +109,7 @@ def build_repository(root: Path) -> Path:
     # A corrupt model: random bytes where a .keras zip should be.
     (root / "corrupt" / "1").mkdir(parents=True)
     (root / "corrupt" / "1" / "model.keras").write_bytes(np.random.default_rng(0).bytes(4096))
+    write_model_naming_a_function(REPO_ROOT / "models" / "digits" / "1" / "model.keras", root / "evil_fn" / "1" / "model.keras")
     # A good version 1 and a truncated version 2: the latest policy falls back to 1.
     shutil.copytree(root / "mlp" / "1", root / "fallback" / "1")
     (root / "fallback" / "2").mkdir(parents=True)

@@ -24,6 +24,12 @@ def test_lambda_layer_is_refused_by_safe_mode(server: Server) -> None:
     assert server.post("/v1/models/lambda_h5:predict", json={"instances": [[[[0.0]]]]}).status_code == 503
 
 
+def test_config_naming_an_arbitrary_function_is_refused(server: Server) -> None:
+    status = server.get("/v1/models/evil_fn").json()["model_version_status"][0]
+    assert status["state"] == "END" and "could not be deserialized" in status["status"]["error_message"]
+    assert server.post("/v1/models/evil_fn:predict", json={"instances": [[[[0.0]] * 8] * 8]}).status_code == 503
+
+
 def test_broken_latest_version_falls_back_to_the_previous_one(server: Server) -> None:
     statuses = {s["version"]: s for s in server.get("/v1/models/fallback").json()["model_version_status"]}
     assert statuses["2"]["state"] == "END"

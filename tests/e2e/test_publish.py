@@ -73,6 +73,15 @@ print(json.dumps(out))
     assert (models / "cnn" / "1" / "variables").is_dir()
 
 
+def test_cli_refuses_a_config_naming_an_arbitrary_function(tmp_path: Path) -> None:
+    from tests.e2e.conftest import REPO_ROOT, write_model_naming_a_function
+
+    forged = write_model_naming_a_function(REPO_ROOT / "models" / "digits" / "1" / "model.keras", tmp_path / "evil.keras")
+    result = _cli("publish", "evil", str(forged), "--models", str(tmp_path / "models"))
+    assert result.returncode != 0 and "could not be deserialized" in result.stderr
+    assert _entries(tmp_path / "models" / "evil") == []
+
+
 def test_cli_rejects_what_is_not_a_model(tmp_path: Path) -> None:
     readme = tmp_path / "notes.txt"
     readme.write_text("hello")
