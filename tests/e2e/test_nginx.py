@@ -76,3 +76,39 @@ def test_requests_keep_succeeding_when_one_instance_is_sigkilled(two_instances: 
     assert traffic.failures() == []
     after = [a for a in traffic.answers if a[0] > killed_at + 1]
     assert after and all(a[1] == 200 for a in after)
+
+
+def test_slow_and_vanishing_clients_tie_up_no_worker(model_repo: Path, tmp_path: Path) -> None:
+    """Behind nginx: bodies sent slowly are buffered by nginx, and clients that hang up free their worker."""
+    import socket
+
+    repo = tmp_path / "models"
+    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=1, env={"FORKSERVE_THREADS": "4"}).start()
+    nginx = Nginx(tmp_path / "nginx", [server.port])
+    body = b'{"instances": [' + b",".join([b"[" + b",".join([b"0.5"] * 20) + b"]"] * 4) + b"]}"
+    slow, gone = [], []
+    try:
+        for _ in range(12):  # three times the worker's threads, each stuck mid-body
+            sock = socket.create_connection(("127.0.0.1", nginx.port), timeout=10)
+            sock.sendall(b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+            slow.append(sock)
+        for _ in range(12):  # full requests whose clients leave before the answer
+            sock = socket.create_connection(("127.0.0.1", nginx.port), timeout=10)
+            sock.sendall(b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            sock.close()
+            gone.append(sock)
+        started = time.monotonic()
+        answers = [requests.post(f"{nginx.url}/v1/models/mlp:predict", data=body,
+                                 headers={"Content-Type": "application/json"}, timeout=10) for _ in range(20)]
+        assert [a.status_code for a in answers] == [200] * 20
+        assert time.monotonic() - started < 10  # the 4 worker threads were all free
+        # nginx still holds the slow bodies: none of them reached gunicorn (vanished ones may or may not).
+        assert 20 <= server.log().count("POST /v1/models/mlp:predict") <= 20 + len(gone)
+    finally:
+        for sock in slow:
+            sock.close()
+        nginx.stop()
+        server.stop()
