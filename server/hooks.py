@@ -23,6 +23,7 @@ from server.state import (
     write_exit_reason,
     write_worker_state,
 )
+from server.target import FAILED_FILE, TARGET_FILE
 
 log = logging.getLogger("forkserve.hooks")
 
@@ -74,6 +75,8 @@ def on_exit(server: Any) -> None:
     settings = Settings.from_env()
     for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
         shutil.rmtree(directory, ignore_errors=True)
+    for name in (TARGET_FILE, FAILED_FILE, "gunicorn.pid"):
+        (settings.run_dir / name).unlink(missing_ok=True)
     try:
         settings.run_dir.rmdir()  # only when empty: a run directory the user gave may hold more
     except OSError:

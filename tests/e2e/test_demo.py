@@ -55,3 +55,5 @@ def test_sigterm_stops_the_server_gracefully(tmp_path: Path) -> None:
     assert instance.get("/readyz").status_code == 200
     assert instance.stop() == 0
     wait_until(lambda: instance.process is not None and instance.process.poll() is not None, 10, "master exit")
+    # The master removed everything it made in the run directory; only the test's own log is left.
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["gunicorn.log"]

@@ -100,6 +100,8 @@ def test_rollouts_under_traffic_fail_no_request(fleet: tuple[Server, Nginx], mod
     # The corrupt version is reported: status, metric and log.
     status = requests.get(f"{nginx.url}/v1/models/mlp/versions/3", timeout=10).json()["model_version_status"][0]
     assert status["state"] == "END" and "rollout aborted" in status["status"]["error_message"]
+    # The HUP rollout counts itself once its last old worker is reaped, just after the pids changed.
+    wait_until(lambda: value(samples(server), "forkserve_rollouts_total", result="succeeded") >= 2, 60, "rollout count")
     scrape = samples(server)
     assert value(scrape, "forkserve_rollout_failed_versions_total", model="mlp", version="3") == 1
     assert value(scrape, "forkserve_rollouts_total", result="failed") == 1
