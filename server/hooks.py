@@ -39,6 +39,9 @@ def on_starting(server: Any) -> None:
     for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True, exist_ok=True)
+    # NOTE: import the metric definitions now, after the wipe: workers inherit the module already
+    # initialised, so a metrics directory that breaks later can never fail a worker's app import.
+    from server import metrics  # noqa: F401
     if not settings.models_dir.is_dir():
         server.log.warning("model repository %s does not exist; serving no models", settings.models_dir)
     server.log.info(
@@ -119,6 +122,12 @@ def post_fork(server: Any, worker: Any) -> None:
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)
     os.environ["TF_NUM_INTEROP_THREADS"] = str(settings.inter_op_threads)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The first metric write after fork reopens every value file; a removed directory would leave
+    # this worker's metrics half reopened, so recreate it first (best effort).
+    try:
+        settings.metrics_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
 
 
 def post_worker_init(worker: Any) -> None:

@@ -40,7 +40,7 @@ def record(update: Callable[[], object]) -> None:
     global _warned
     try:
         update()
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # an OSError, or a value left half reopened after one: metrics only
         if not _warned:
             _warned = True
             log.warning("metrics disabled in this process: %s", exc)

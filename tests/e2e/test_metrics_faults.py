@@ -30,3 +30,20 @@ def test_missing_metrics_directory_leaves_serving_intact(model_repo: Path, tmp_p
         assert server.process.poll() is None
     finally:
         server.stop()
+
+
+def test_unusable_metrics_directory_never_stops_a_worker_from_booting(model_repo: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=1).start()
+    try:
+        metrics_dir = tmp_path / "run" / "metrics"
+        shutil.rmtree(metrics_dir)
+        metrics_dir.write_text("not a directory")  # nothing can be created there
+        server.restart_worker(signal.SIGKILL)
+        answer = server.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 20]})
+        assert answer.status_code == 200, answer.text
+        assert server.get("/metrics").status_code == 503
+        assert server.process.poll() is None
+    finally:
+        server.stop()
