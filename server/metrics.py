@@ -8,13 +8,48 @@ use live* modes so a dead worker stops counting once the master marks it dead (c
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.mmap_dict import MmapedDict
 
 from server.settings import Settings
 
 log = logging.getLogger("forkserve.metrics")
+
+
+def _reserve_blocks_before_use() -> None:
+    """Make prometheus_client allocate its mmapped files' blocks up front (posix_fallocate).
+
+    NOTE: it grows its files with truncate, which leaves them sparse: on a full disk the first
+    write to a new page is a SIGBUS that kills the worker. With the blocks reserved first, a full
+    disk is an OSError at file creation or growth, which `record` turns into a lost metric.
+    """
+    if getattr(MmapedDict, "_forkserve_reserved", False):
+        return
+    original_init, original_init_value = MmapedDict.__init__, MmapedDict._init_value
+
+    def init(self: MmapedDict, filename: str, read_mode: bool = False) -> None:
+        original_init(self, filename, read_mode)
+        if not read_mode:
+            os.posix_fallocate(self._f.fileno(), 0, self._capacity)
+
+    def init_value(self: MmapedDict, key: str) -> None:
+        encoded = len(key.encode("utf-8"))
+        needed = self._used + 4 + encoded + (8 - (encoded + 4) % 8) + 16
+        capacity = self._capacity
+        while needed > capacity:
+            capacity *= 2
+        if capacity != self._capacity:
+            os.posix_fallocate(self._f.fileno(), 0, capacity)
+        original_init_value(self, key)
+
+    MmapedDict.__init__, MmapedDict._init_value = init, init_value
+    MmapedDict._forkserve_reserved = True
+
+
+_reserve_blocks_before_use()
 
 
 def _ensure_directory() -> None:

@@ -69,7 +69,7 @@ class Server:
     def start(self, timeout: float = 180.0) -> "Server":
         """Start gunicorn and wait until every worker has loaded its models."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.run_dir / "gunicorn.log"
+        self.log_path = self.log_path or self.run_dir / "gunicorn.log"
         env = {
             **os.environ,
             "FORKSERVE_MODELS": str(self.models_dir),

@@ -47,3 +47,46 @@ def test_unusable_metrics_directory_never_stops_a_worker_from_booting(model_repo
         assert server.process.poll() is None
     finally:
         server.stop()
+
+
+def test_full_disk_costs_metrics_never_a_worker(model_repo: Path, tmp_path: Path) -> None:
+    """The run directory on a small tmpfs, filled up after start: requests that add metric series still succeed."""
+    import os
+    import subprocess
+
+    import pytest
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(run_dir)], capture_output=True)
+    if mounted.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot mount a tmpfs: {mounted.stderr!r}")
+        pytest.skip("mounting a tmpfs needs root")
+    repo = tmp_path / "models"
+    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    server = Server(models_dir=repo, run_dir=run_dir, workers=1)
+    server.log_path = tmp_path / "gunicorn.log"
+    try:
+        server.start()
+        worker = server.worker_pids()
+        with open(run_dir / "filler", "wb") as filler:  # fill the disk to the last block
+            chunk = b"\0" * (1 << 20)
+            try:
+                while True:
+                    filler.write(chunk)
+                    filler.flush()
+            except OSError:
+                pass
+        body = {"instances": [[0.5] * 20]}
+        for index in range(40):  # new series: APIs, codes, stages, versions
+            assert server.post("/v1/models/mlp:predict", json=body).status_code == 200
+            assert server.post("/v1/models/mlp:regress", json={"examples": [{"x": 1.0}]}).status_code == 400
+            assert server.post(f"/v1/models/absent{index}:predict", json=body).status_code == 404
+            v2 = {"inputs": [{"name": "features", "shape": [1, 20], "datatype": "FP32", "data": [0.5] * 20}]}
+            assert server.post("/v2/models/mlp/infer", json=v2).status_code == 200
+        assert server.worker_pids() == worker  # no SIGBUS, no restart
+        assert server.process.poll() is None
+    finally:
+        server.stop()
+        subprocess.run(["umount", "-l", str(run_dir)], capture_output=True)
