@@ -121,6 +121,13 @@ def build_repository(root: Path) -> Path:
     return root
 
 
+def copy_models(model_repo: Path, target: Path, *names: str) -> Path:
+    """A repository of its own holding the named models of the shared one (every version)."""
+    for name in names:
+        shutil.copytree(model_repo / name, target / name)
+    return target
+
+
 @pytest.fixture(scope="session")
 def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shared model repository (built once per session)."""

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from server.target import read_failed
+from tests.e2e.conftest import copy_models
 from tests.e2e.harness import Server, wait_until
 from tests.e2e.traffic import Traffic
 
@@ -38,8 +39,7 @@ def test_a_model_that_hangs_while_loading_is_stopped_by_the_rollout_deadline(mod
 
 
 def test_a_worker_killed_under_load_loses_only_its_own_requests(model_repo: Path, tmp_path: Path) -> None:
-    repo = tmp_path / "models"
-    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
     server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=2).start()
     traffic = Traffic(f"{server.url}/v1/models/mlp:predict")
     try:

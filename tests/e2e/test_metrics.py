@@ -16,6 +16,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e.conftest import copy_models
 from tests.e2e.harness import ROOT, Server, free_port, wait_until
 
 CONF_DIR = ROOT / "conf"
@@ -50,9 +51,7 @@ def value(scrape: dict, name: str, **labels: str) -> float:
 @pytest.fixture(scope="module")
 def metrics_server(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A 2-worker server of its own (these tests kill workers and count exactly)."""
-    repo = tmp_path_factory.mktemp("metrics-models")
-    for name in ("half_plus_two", "mlp", "corrupt"):
-        shutil.copytree(model_repo / name, repo / name)
+    repo = copy_models(model_repo, tmp_path_factory.mktemp("metrics-models"), "half_plus_two", "mlp", "corrupt")
     instance = Server(models_dir=repo, run_dir=tmp_path_factory.mktemp("metrics-run"), workers=2).start()
     yield instance
     instance.stop()

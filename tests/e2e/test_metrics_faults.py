@@ -6,12 +6,12 @@ import shutil
 import signal
 from pathlib import Path
 
+from tests.e2e.conftest import copy_models
 from tests.e2e.harness import Server
 
 
 def test_missing_metrics_directory_leaves_serving_intact(model_repo: Path, tmp_path: Path) -> None:
-    repo = tmp_path / "models"
-    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
     server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=1).start()
     try:
         body = {"instances": [[0.5] * 20]}
@@ -33,8 +33,7 @@ def test_missing_metrics_directory_leaves_serving_intact(model_repo: Path, tmp_p
 
 
 def test_unusable_metrics_directory_never_stops_a_worker_from_booting(model_repo: Path, tmp_path: Path) -> None:
-    repo = tmp_path / "models"
-    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
     server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=1).start()
     try:
         metrics_dir = tmp_path / "run" / "metrics"
@@ -63,8 +62,7 @@ def test_full_disk_costs_metrics_never_a_worker(model_repo: Path, tmp_path: Path
         if os.environ.get("CI"):
             pytest.fail(f"cannot mount a tmpfs: {mounted.stderr!r}")
         pytest.skip("mounting a tmpfs needs root")
-    repo = tmp_path / "models"
-    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
     server = Server(models_dir=repo, run_dir=run_dir, workers=1)
     server.log_path = tmp_path / "gunicorn.log"
     try:

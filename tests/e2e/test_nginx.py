@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 import requests
 
 from server.settings import DEFAULT_MAX_BODY_BYTES
-from tests.e2e.conftest import MAX_BODY_BYTES
+from tests.e2e.conftest import MAX_BODY_BYTES, copy_models
 from tests.e2e.harness import Server, wait_until
 from tests.e2e.nginx import Nginx
 from tests.e2e.traffic import Traffic
@@ -46,8 +45,7 @@ def test_single_upstream_proxies_ids_versions_and_limits(server: Server, tmp_pat
 @pytest.fixture()
 def two_instances(model_repo: Path, tmp_path: Path) -> list[Server]:
     """Two independent forkserve instances with one worker each, serving mlp."""
-    repo = tmp_path / "models"
-    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
     instances = [Server(models_dir=repo, run_dir=tmp_path / f"run{i}", workers=1) for i in range(2)]
     for instance in instances:
         instance.start()
@@ -82,8 +80,7 @@ def test_slow_and_vanishing_clients_tie_up_no_worker(model_repo: Path, tmp_path:
     """Behind nginx: bodies sent slowly are buffered by nginx, and clients that hang up free their worker."""
     import socket
 
-    repo = tmp_path / "models"
-    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
     server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=1, env={"FORKSERVE_THREADS": "4"}).start()
     nginx = Nginx(tmp_path / "nginx", [server.port])
     body = b'{"instances": [' + b",".join([b"[" + b",".join([b"0.5"] * 20) + b"]"] * 4) + b"]}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -16,6 +15,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tests.e2e.conftest import copy_models
 from tests.e2e.harness import Server
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -24,9 +24,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 @pytest.fixture(scope="module")
 def healthy(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Only models that load (the shared server answers 503 for its broken ones, by design)."""
-    repo = tmp_path_factory.mktemp("openapi-models")
-    for name in ("half_plus_two", "mlp", "k3cnn", "multi_h5"):
-        shutil.copytree(model_repo / name, repo / name)
+    repo = copy_models(model_repo, tmp_path_factory.mktemp("openapi-models"), "half_plus_two", "mlp", "k3cnn", "multi_h5")
     instance = Server(models_dir=repo, run_dir=tmp_path_factory.mktemp("openapi-run"), workers=1).start()
     yield instance
     instance.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,10 +16,11 @@ import requests
 
 from server.state import read_worker_states
 from server.target import read_failed
+from tests.e2e.conftest import copy_models
 from tests.e2e.harness import ROOT, Server, wait_until
 from tests.e2e.nginx import Nginx
-from tests.e2e.traffic import BODY, Traffic
 from tests.e2e.test_metrics import samples, value
+from tests.e2e.traffic import BODY, Traffic
 
 CLIENTS = 8
 MIN_SECONDS = 30
@@ -29,8 +29,7 @@ MIN_SECONDS = 30
 @pytest.fixture(scope="module")
 def fleet(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Nginx]]:
     """A 2-worker forkserve over a repository holding mlp version 1, behind nginx."""
-    repo = tmp_path_factory.mktemp("rollout-models")
-    shutil.copytree(model_repo / "mlp" / "1", repo / "mlp" / "1")
+    repo = copy_models(model_repo, tmp_path_factory.mktemp("rollout-models"), "mlp")
     run_dir = tmp_path_factory.mktemp("rollout-run")
     server = Server(
         models_dir=repo, run_dir=run_dir, workers=2,

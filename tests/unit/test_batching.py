@@ -12,8 +12,8 @@ import pytest
 
 from server.batching import Job, ModelExecutor, bucket_for
 from server.config import ModelConfig
-from server.reply import Reply as Future
 from server.errors import ApiError, ResourceExhausted
+from server.reply import Reply as Future
 
 TIMEOUT = 10.0  # seconds any single wait may take before the test fails instead of hanging
 

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from server.config import ConfigError, ModelConfig, ServerConfig, load_config, parse_config
+from server.config import (
+    ConfigError,
+    ModelConfig,
+    ServerConfig,
+    load_config,
+    parse_config,
+)
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from server.config import ModelConfig
-from server.repository import VersionSource, detect_format, is_model_name, parse_version, scan, scan_model, select_versions
+from server.repository import (
+    VersionSource,
+    detect_format,
+    is_model_name,
+    parse_version,
+    scan,
+    scan_model,
+    select_versions,
+)
 
 
 def make_version(root: Path, model: str, version: str, *files: str) -> Path:

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from server.settings import DEFAULT_BIND, DEFAULT_MAX_BODY_BYTES, Settings, available_cpus
+from server.settings import (
+    DEFAULT_BIND,
+    DEFAULT_MAX_BODY_BYTES,
+    Settings,
+    available_cpus,
+)
 
 
 @pytest.fixture
