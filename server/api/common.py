@@ -11,9 +11,10 @@ from flask import Response, current_app, request
 from server import metrics
 from server.api import instrument
 from server.codecs import jsonio
-from server.errors import ApiError, DeadlineExceeded
+from server.errors import ApiError, DeadlineExceeded, InvalidArgument
 from server.models import ModelRegistry, ModelVersion
 from server.reply import ReplyTimeout
+from server.repository import is_model_name, parse_version
 
 # curl -d sends form-urlencoded and TF Serving's docs use it, so that (and none) also means JSON.
 JSON_CONTENT_TYPES = frozenset({"", "application/json", "application/x-www-form-urlencoded", "text/plain"})
@@ -24,12 +25,30 @@ def registry() -> ModelRegistry:
     return current_app.extensions["forkserve"]
 
 
+def check_content_type(also: frozenset[str] = frozenset()) -> None:
+    """415 unless the body is JSON (or one of `also`)."""
+    mimetype = request.mimetype or ""
+    if mimetype not in JSON_CONTENT_TYPES | also and not mimetype.endswith("+json"):
+        wanted = " or ".join(["application/json", *sorted(also)])
+        raise ApiError(f"unsupported Content-Type {mimetype!r}; send {wanted}", status=415)
+
+
 def read_json() -> Any:
     """The request body parsed as JSON; 415 for another content type, 413 over the size limit."""
-    mimetype = request.mimetype or ""
-    if mimetype not in JSON_CONTENT_TYPES and not mimetype.endswith("+json"):
-        raise ApiError(f"unsupported Content-Type {mimetype!r}; send application/json", status=415)
+    check_content_type()
     return jsonio.loads(request.get_data(cache=False))
+
+
+def model_address(name: str, version: str | None) -> tuple[str, int | None]:
+    """A model name and optional version from a URL, validated like repository directories."""
+    if not is_model_name(name):
+        raise InvalidArgument(f"invalid model name {name!r}")
+    if version is None:
+        return name, None
+    number = parse_version(version)
+    if number is None:
+        raise InvalidArgument(f"model version must be a positive integer, got {version!r}")
+    return name, number
 
 
 def json_response(payload: Any, status: int = 200, version: ModelVersion | None = None) -> Response:

@@ -13,12 +13,11 @@ from typing import Any
 from flask import Blueprint, Response, request
 
 from server.api import instrument
-from server.api.common import infer, json_response, read_json, registry
+from server.api.common import infer, json_response, model_address, read_json, registry
 from server.codecs import tfserving
 from server.codecs.tensors import validate_inputs
 from server.errors import ApiError, InvalidArgument, NotFound
 from server.models import ModelVersion
-from server.repository import is_model_name
 
 blueprint = Blueprint("tfserving", __name__)
 
@@ -35,14 +34,7 @@ def _parse_path(rest: str) -> tuple[str, int | None, str | None, str]:
     match = PATH_RE.match(rest)
     if not match:
         raise NotFound(f"malformed request path /v1/models/{rest}")
-    name = match["name"]
-    if not is_model_name(name):
-        raise InvalidArgument(f"invalid model name {name!r}")
-    version = None
-    if match["version"] is not None:
-        if not match["version"].isdigit() or len(match["version"]) > 18:
-            raise InvalidArgument(f"model version must be a positive integer, got {match['version']!r}")
-        version = int(match["version"])
+    name, version = model_address(match["name"], match["version"])
     action = "metadata" if match["metadata"] else (match["verb"] or "status").lower()
     if action not in ("status", "metadata") + VERBS:
         raise NotFound(f"unknown method :{match['verb']}; expected one of {', '.join(VERBS)}")

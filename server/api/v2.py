@@ -11,12 +11,17 @@ import time
 from flask import Blueprint, Response, request
 
 from server.api import instrument
-from server.api.common import JSON_CONTENT_TYPES, infer, json_response, registry
+from server.api.common import (
+    check_content_type,
+    infer,
+    json_response,
+    model_address,
+    registry,
+)
 from server.codecs import v2
 from server.codecs.tensors import validate_inputs
-from server.errors import ApiError, InvalidArgument
+from server.errors import ApiError
 from server.models import AVAILABLE, ModelVersion
-from server.repository import is_model_name
 
 blueprint = Blueprint("v2", __name__)
 SERVER_VERSION = "0.1.0"
@@ -25,11 +30,8 @@ BINARY_CONTENT_TYPES = frozenset({"application/octet-stream", "application/vnd.k
 
 def _target(name: str, version: str | None) -> ModelVersion:
     """The version a V2 path addresses (latest available when none)."""
-    if not is_model_name(name):
-        raise InvalidArgument(f"invalid model name {name!r}")
-    if version is not None and (not version.isdigit() or len(version) > 18):
-        raise InvalidArgument(f"model version must be a positive integer, got {version!r}")
-    return registry().get(name).resolve(int(version) if version is not None else None)
+    name, number = model_address(name, version)
+    return registry().get(name).resolve(number)
 
 
 @blueprint.get("/v2")
@@ -92,9 +94,7 @@ def model_infer(name: str, version: str | None = None) -> Response:
     instrument.begin(name if name in registry().models else instrument.UNKNOWN_MODEL, "v2_infer")
     target = _target(name, version)
     instrument.set_version(target.version)
-    mimetype = request.mimetype or ""
-    if mimetype not in JSON_CONTENT_TYPES | BINARY_CONTENT_TYPES and not mimetype.endswith("+json"):
-        raise ApiError(f"unsupported Content-Type {mimetype!r}; send application/json or application/octet-stream", status=415)
+    check_content_type(also=BINARY_CONTENT_TYPES)
     started = time.perf_counter()
     header, binary = v2.split_body(request.get_data(cache=False), request.headers.get(v2.HEADER_LENGTH))
     decoded = v2.decode_infer(header, binary, target.signature)
