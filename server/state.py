@@ -17,14 +17,26 @@ def workers_dir(run_dir: Path) -> Path:
     return run_dir / "workers"
 
 
+def write_json(path: Path, data: Any) -> None:
+    """Replace a JSON file atomically (a reader sees the old content or the new, never half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, sort_keys=True))
+    os.replace(temporary, path)
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content, or None when it is missing, being replaced or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def write_worker_state(run_dir: Path, pid: int, state: dict[str, Any]) -> Path:
     """Atomically publish one worker's state."""
-    directory = workers_dir(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{pid}.json"
-    temporary = directory / f".{pid}.json.tmp"
-    temporary.write_text(json.dumps(state, sort_keys=True))
-    os.replace(temporary, target)
+    target = workers_dir(run_dir) / f"{pid}.json"
+    write_json(target, state)
     return target
 
 
@@ -60,8 +72,7 @@ def read_worker_states(run_dir: Path) -> dict[int, dict[str, Any]]:
     if not directory.is_dir():
         return states
     for path in directory.glob("*.json"):
-        try:
-            states[int(path.stem)] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # removed or replaced while reading
+        state = read_json(path)  # None: removed while reading
+        if state is not None and path.stem.isdigit():
+            states[int(path.stem)] = state
     return states

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from server.config import ServerConfig
 from server.repository import VersionSource, select_versions
+from server.state import read_json, write_json
 
 TARGET_FILE = "target.json"
 FAILED_FILE = "failed.json"
@@ -65,22 +64,6 @@ def compute_target(
     return Target(models, reason)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """Replace a JSON file atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, sort_keys=True))
-    os.replace(temporary, path)
-
-
-def _read_json(path: Path) -> Any:
-    """A JSON file's content, or None when it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def write_target(run_dir: Path, target: Target) -> None:
     """Master: publish the target that workers started from now on load."""
     data = {
@@ -88,12 +71,12 @@ def write_target(run_dir: Path, target: Target) -> None:
         "reason": target.reason,
         "models": {m: {"candidates": list(t.candidates), "keep": t.keep} for m, t in target.models.items()},
     }
-    _write_json(run_dir / TARGET_FILE, data)
+    write_json(run_dir / TARGET_FILE, data)
 
 
 def read_target(run_dir: Path) -> Target | None:
     """Worker: the target to load, or None when the master published none."""
-    data = _read_json(run_dir / TARGET_FILE)
+    data = read_json(run_dir / TARGET_FILE)
     if not isinstance(data, dict):
         return None
     models = {
@@ -105,7 +88,7 @@ def read_target(run_dir: Path) -> Target | None:
 
 def read_failed(run_dir: Path) -> dict[str, dict[str, str]]:
     """Versions marked failed by a rollout: {model: {version: reason}}."""
-    data = _read_json(run_dir / FAILED_FILE)
+    data = read_json(run_dir / FAILED_FILE)
     return data if isinstance(data, dict) else {}
 
 
@@ -113,4 +96,4 @@ def mark_failed(run_dir: Path, model: str, version: int, reason: str) -> None:
     """Master: remember that a version must not be served, and why."""
     failed = read_failed(run_dir)
     failed.setdefault(model, {})[str(version)] = reason
-    _write_json(run_dir / FAILED_FILE, failed)
+    write_json(run_dir / FAILED_FILE, failed)
