@@ -18,6 +18,7 @@ import numpy as np
 
 from server import metrics
 from server.errors import ApiError, ResourceExhausted
+from server.metric_buffer import BUFFER
 from server.reply import Reply
 
 log = logging.getLogger("forkserve.batching")
@@ -111,7 +112,7 @@ class ModelExecutor:
             self._jobs.append(job)
             self._queued_rows += rows
             self._cond.notify()
-        metrics.record(lambda: metrics.QUEUE_ROWS.labels(self.model).inc(rows))
+        BUFFER.add(metrics.QUEUE_ROWS, (self.model,), rows)
         return job
 
     def _take(self) -> list[Job] | None:
@@ -138,7 +139,7 @@ class ModelExecutor:
                     self._cond.wait(remaining)
             taken = sum(job.rows for job in batch)
             self._queued_rows -= taken
-        metrics.record(lambda: metrics.QUEUE_ROWS.labels(self.model).dec(taken))
+        BUFFER.add(metrics.QUEUE_ROWS, (self.model,), -taken)
         return batch
 
     def _first_fitting(self, key: tuple, room: int) -> Job | None:
@@ -210,7 +211,7 @@ class ModelExecutor:
             if job.batchable:
                 result = self.call_padded(job.signature, job.inputs, job.rows)
             else:
-                metrics.record(lambda: metrics.BATCH_ROWS.labels(self.model).observe(job.rows))
+                BUFFER.add(metrics.BATCH_ROWS, (self.model,), job.rows)
                 result = self._run(job.signature, job.inputs)
         except Exception as exc:  # handed to the request thread, which maps it to a status
             job.finished = time.monotonic()
@@ -231,7 +232,7 @@ class ModelExecutor:
                 if size > count:  # repeat the last row: padding never makes NaN or new shapes
                     part = np.concatenate([part, np.repeat(part[-1:], size - count, axis=0)])
                 chunk[name] = part
-            metrics.record(lambda count=count: metrics.BATCH_ROWS.labels(self.model).observe(count))
+            BUFFER.add(metrics.BATCH_ROWS, (self.model,), count)
             outputs = self._run(signature, chunk)
             for name, value in outputs.items():
                 if value.ndim == 0 or value.shape[0] != size:

@@ -167,5 +167,8 @@ def post_worker_init(worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    """Worker, on its way out (not after SIGKILL): tell the master this exit was orderly."""
+    """Worker, on its way out (not after SIGKILL): write buffered metrics, tell the master this exit was orderly."""
+    from server.metric_buffer import BUFFER
+
+    BUFFER.flush()
     write_exit_reason(Settings.from_env().run_dir, os.getpid(), "graceful")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from flask import Response, g
 
 from server import metrics
+from server.metric_buffer import BUFFER
 
 UNKNOWN_MODEL = "_unknown"  # a 404 for a name that is not served must not create a label per name
 
@@ -26,7 +27,7 @@ class Inference:
 def begin(model: str, api: str) -> None:
     """Start measuring an inference request of `api` ("predict", "classify", ...) for `model`."""
     g.inference = Inference(model, api)
-    metrics.record(lambda: metrics.INFLIGHT_REQUESTS.labels(model).inc())
+    BUFFER.add(metrics.INFLIGHT_REQUESTS, (model,), 1)
 
 
 def set_version(version: int) -> None:
@@ -45,20 +46,16 @@ def finish(response: Response) -> Response:
     """after_request: count the request with its status code and observe its times."""
     inference: Inference | None = g.get("inference")
     if inference is not None:
-        metrics.record(lambda: _observe(inference, response.status_code, time.perf_counter() - inference.started))
+        model = inference.model
+        BUFFER.add(metrics.REQUESTS, (model, inference.version, inference.api, str(response.status_code)), 1)
+        BUFFER.add(metrics.REQUEST_SECONDS, (model, inference.api), time.perf_counter() - inference.started)
+        for name, stage_seconds in inference.stages.items():
+            BUFFER.add(metrics.STAGE_SECONDS, (model, name), stage_seconds)
     return response
-
-
-def _observe(inference: Inference, code: int, seconds: float) -> None:
-    """Count one finished request and its stage times."""
-    metrics.REQUESTS.labels(inference.model, inference.version, inference.api, str(code)).inc()
-    metrics.REQUEST_SECONDS.labels(inference.model, inference.api).observe(seconds)
-    for name, stage_seconds in inference.stages.items():
-        metrics.STAGE_SECONDS.labels(inference.model, name).observe(stage_seconds)
 
 
 def release(_: BaseException | None = None) -> None:
     """teardown_request: the request is no longer in flight, whatever happened."""
     inference: Inference | None = g.pop("inference", None)
     if inference is not None:
-        metrics.record(lambda: metrics.INFLIGHT_REQUESTS.labels(inference.model).dec())
+        BUFFER.add(metrics.INFLIGHT_REQUESTS, (inference.model,), -1)

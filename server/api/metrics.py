@@ -6,6 +6,7 @@ from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from server.api.common import json_response
+from server.metric_buffer import BUFFER
 from server.metrics_files import scrape
 
 blueprint = Blueprint("metrics", __name__)
@@ -15,6 +16,7 @@ blueprint = Blueprint("metrics", __name__)
 def metrics() -> Response:
     """Prometheus text exposition; a broken metrics directory is a 503 here and nowhere else."""
     directory = current_app.extensions["forkserve.settings"].metrics_dir
+    BUFFER.flush()  # this worker's own updates; the others' are at most one flush interval old
     try:
         body = scrape(directory)
     except (OSError, ValueError) as exc:

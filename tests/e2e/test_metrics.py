@@ -10,7 +10,7 @@ import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 import requests
@@ -48,6 +48,30 @@ def value(scrape: dict, name: str, **labels: str) -> float:
     return scrape.get((name, frozenset(labels.items())), 0.0)
 
 
+def settled_samples(server: Server, done: Callable[[dict], bool], what: str) -> dict:
+    """Scrape until `done(scrape)`: workers write request metrics every half second, not at once."""
+
+    def scrape_when_done() -> dict | None:
+        scrape = samples(server)
+        return scrape if done(scrape) else None
+
+    return wait_until(scrape_when_done, 15, what)
+
+
+def quiet_samples(server: Server) -> dict:
+    """A scrape once every worker has flushed: equal to one taken a second (two flush intervals) later."""
+    previous: dict | None = None  # the first poll only takes the reference scrape
+
+    def unchanged() -> dict | None:
+        nonlocal previous
+        scrape = samples(server)
+        counts = {key: v for key, v in scrape.items() if key[0].endswith(("_total", "_count", "_sum"))}
+        same, previous = counts == previous, counts
+        return scrape if same else None
+
+    return wait_until(unchanged, 15, "request metrics to settle", interval=1.0)
+
+
 @pytest.fixture(scope="module")
 def metrics_server(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A 2-worker server of its own (these tests kill workers and count exactly)."""
@@ -67,7 +91,7 @@ def test_scrape_passes_promtool_lint(metrics_server: Server) -> None:
 
 
 def test_counts_from_both_workers_sum_exactly(metrics_server: Server) -> None:
-    before = samples(metrics_server)
+    before = quiet_samples(metrics_server)
     sent = 200
 
     def send(_: int) -> int:
@@ -80,9 +104,13 @@ def test_counts_from_both_workers_sum_exactly(metrics_server: Server) -> None:
 
     with ThreadPoolExecutor(16) as pool:
         assert set(pool.map(send, range(sent))) == {200}
-    after = samples(metrics_server)
     labels = {"model": "half_plus_two", "version": "123", "api": "tfserving_predict", "code": "200"}
-    assert value(after, "forkserve_requests_total", **labels) - value(before, "forkserve_requests_total", **labels) == sent
+
+    def counted(scrape: dict) -> float:
+        return value(scrape, "forkserve_requests_total", **labels) - value(before, "forkserve_requests_total", **labels)
+
+    after = settled_samples(metrics_server, lambda scrape: counted(scrape) >= sent, f"{sent} requests counted")
+    assert counted(after) == sent
     rows = value(after, "forkserve_batch_size_rows_sum", model="half_plus_two") - value(
         before, "forkserve_batch_size_rows_sum", model="half_plus_two"
     )
@@ -127,7 +155,11 @@ def test_retraces_stay_zero_after_mixed_batch_sizes(metrics_server: Server) -> N
 
     with ThreadPoolExecutor(12) as pool:
         assert set(pool.map(send, sizes)) == {200}
-    scrape = samples(metrics_server)
+    scrape = settled_samples(
+        metrics_server,
+        lambda scrape: value(scrape, "forkserve_request_stage_duration_seconds_count", model="mlp", stage="encode") >= len(sizes),
+        "the requests' stage times",
+    )
     assert ("forkserve_model_retraces_total", frozenset({("model", "mlp")})) in scrape
     assert value(scrape, "forkserve_model_retraces_total", model="mlp") == 0
     assert value(scrape, "forkserve_batch_size_rows_sum", model="mlp") >= sum(sizes)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.harness import Server
-from tests.e2e.test_metrics import samples, value
+from tests.e2e.test_metrics import samples, settled_samples, value
 
 RESTARTS = 12
 
@@ -23,13 +23,22 @@ def light_server(tmp_path: Path) -> Server:
 
 def test_restarts_keep_counts_and_a_bounded_number_of_files(light_server: Server) -> None:
     sent = 0
+    labels = {"model": "_unknown", "version": "", "api": "tfserving_predict", "code": "404"}
+
+    def counted(scrape: dict) -> tuple[float, float]:
+        return (
+            value(scrape, "forkserve_requests_total", **labels),
+            value(scrape, "forkserve_request_duration_seconds_count", model="_unknown", api="tfserving_predict"),
+        )
+
     for round_number in range(RESTARTS):
         for _ in range(3):
             assert light_server.post("/v1/models/absent:predict", json={"instances": [1]}).status_code == 404
             sent += 1
+        # A SIGKILLed worker loses what it has not flushed yet: count first, then kill.
+        settled_samples(light_server, lambda scrape: counted(scrape) == (sent, sent), f"{sent} requests")
         light_server.restart_worker(signal.SIGKILL if round_number % 3 == 0 else signal.SIGTERM)
     scrape = samples(light_server)
-    labels = {"model": "_unknown", "version": "", "api": "tfserving_predict", "code": "404"}
     assert value(scrape, "forkserve_requests_total", **labels) == sent
     assert value(scrape, "forkserve_request_duration_seconds_count", model="_unknown", api="tfserving_predict") == sent
     assert value(scrape, "forkserve_worker_boots_total") == 2 + RESTARTS

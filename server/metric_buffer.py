@@ -1,0 +1,99 @@
+"""Per-request metric updates, buffered in memory and written to the multiprocess files in bulk.
+
+Runs in workers. A prometheus_client write in multiprocess mode costs 5-10 us and takes one
+process-wide lock; forkserve makes about a dozen per request, which under 8 request threads
+measured ~0.2 ms of CPU per request (a quarter of an MLP request). Appending to a deque costs
+~0.1 us and takes no lock. A flusher thread sums what was buffered once per interval and writes
+one update per series; /metrics flushes the answering worker first and the worker_exit hook
+flushes a worker on its way out.
+
+The cost: a scrape can miss up to one interval of another worker's updates, and a SIGKILLed
+worker loses its last interval. Rare updates (rejections, loads, exits) stay synchronous.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import os
+import threading
+import time
+from typing import Any
+
+from server import metrics
+
+FLUSH_INTERVAL_S = 0.5
+
+Series = tuple[Any, tuple[str, ...]]  # (metric, label values)
+
+
+def _observe_many(child: Any, values: list[float]) -> None:
+    """Histogram child: one write per touched bucket and one for the sum, as observe() would do them."""
+    try:
+        bounds, buckets, total = child._upper_bounds, child._buckets, child._sum  # prometheus_client 0.26
+    except AttributeError:  # another version: the public way, one write per value
+        for value in values:
+            child.observe(value)
+        return
+    total.inc(sum(values))
+    for index, count in collections.Counter(bisect.bisect_left(bounds, v) for v in values).items():
+        buckets[index].inc(count)
+
+
+class MetricBuffer:
+    """Buffered inc/dec/observe for the request path; flush() applies them."""
+
+    def __init__(self, interval_s: float = FLUSH_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._events: collections.deque[tuple[Any, tuple[str, ...], float]] = collections.deque()
+        self._children: dict[Series, Any] = {}
+        self._flushing = threading.Lock()  # the flusher thread and a scrape may flush at once
+        self._owner_pid = 0  # the process whose flusher thread runs
+
+    def add(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
+        """Counter or gauge: add `value` (negative to decrease); histogram: observe `value`."""
+        self._events.append((metric, labels, value))  # deque.append is atomic: no lock needed
+        if self._owner_pid != os.getpid():
+            self._start_flusher()
+
+    def flush(self) -> None:
+        """Write what is buffered: one update per counter or gauge series, one per histogram bucket."""
+        with self._flushing:
+            events = self._events
+            sums: dict[Series, float] = collections.defaultdict(float)
+            observed: dict[Series, list[float]] = collections.defaultdict(list)
+            while events:
+                metric, labels, value = events.popleft()
+                if metric._type == "histogram":
+                    observed[(metric, labels)].append(value)
+                else:
+                    sums[(metric, labels)] += value
+            for series, total in sums.items():
+                metrics.record(lambda series=series, total=total: self._child(series).inc(total))
+            for series, values in observed.items():
+                metrics.record(lambda series=series, values=values: _observe_many(self._child(series), values))
+
+    def _child(self, series: Series) -> Any:
+        """The labelled child of a series, looked up once."""
+        child = self._children.get(series)
+        if child is None:
+            metric, labels = series
+            child = self._children[series] = metric.labels(*labels) if labels else metric
+        return child
+
+    def _start_flusher(self) -> None:
+        """Start this process's flusher thread (once per process: threads do not survive fork)."""
+        with self._flushing:
+            if self._owner_pid == os.getpid():
+                return
+            self._owner_pid = os.getpid()
+        threading.Thread(target=self._flush_forever, name="metrics-flusher", daemon=True).start()
+
+    def _flush_forever(self) -> None:
+        """Flusher thread body."""
+        while True:
+            time.sleep(self.interval_s)
+            self.flush()
+
+
+BUFFER = MetricBuffer()
