@@ -10,6 +10,7 @@ _settings = Settings.from_env()
 _settings.export()  # NOTE: before server.hooks imports prometheus_client (multiprocess mode)
 
 from server import hooks  # noqa: E402
+from server.access_log import FORMAT  # noqa: E402
 
 wsgi_app = "server.app:create_app()"
 bind = [_settings.bind]
@@ -24,7 +25,8 @@ control_socket_disable = True  # several instances on one host would share ~/.gu
 pidfile = str(_settings.run_dir / "gunicorn.pid")  # `python -m server reload` signals this pid
 loglevel = _settings.log_level
 accesslog = "-" if _settings.access_log else None
-access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s version=%({x-model-version}o)s'
+access_log_format = FORMAT
+logger_class = "server.access_log.AccessLogger"  # writes access lines in bulk (see its docstring)
 
 on_starting = hooks.on_starting
 when_ready = hooks.when_ready

@@ -171,4 +171,7 @@ def worker_exit(server: Any, worker: Any) -> None:
     from server.metric_buffer import BUFFER
 
     BUFFER.flush()
+    flush_access = getattr(worker.log, "flush_access", None)  # server.access_log.AccessLogger
+    if flush_access is not None:
+        flush_access()
     write_exit_reason(Settings.from_env().run_dir, os.getpid(), "graceful")

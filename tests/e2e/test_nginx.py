@@ -103,7 +103,8 @@ def test_slow_and_vanishing_clients_tie_up_no_worker(model_repo: Path, tmp_path:
         assert [a.status_code for a in answers] == [200] * 20
         assert time.monotonic() - started < 10  # the 4 worker threads were all free
         # nginx still holds the slow bodies: none of them reached gunicorn (vanished ones may or may not).
-        assert 20 <= server.log().count("POST /v1/models/mlp:predict") <= 20 + len(gone)
+        wait_until(lambda: server.log().count("POST /v1/models/mlp:predict") >= 20, 10, "20 access-log lines")
+        assert server.log().count("POST /v1/models/mlp:predict") <= 20 + len(gone)
     finally:
         for sock in slow:
             sock.close()
