@@ -30,6 +30,7 @@ logger_class = "server.access_log.AccessLogger"  # writes access lines in bulk (
 
 on_starting = hooks.on_starting
 when_ready = hooks.when_ready
+pre_fork = hooks.pre_fork
 post_fork = hooks.post_fork
 post_worker_init = hooks.post_worker_init
 worker_exit = hooks.worker_exit

@@ -14,6 +14,7 @@ import shutil
 import time
 from typing import Any
 
+from server import cpu_pinning
 from server.config import load_config
 from server.settings import Settings
 from server.state import (
@@ -111,12 +112,28 @@ def _share_gunicorn_log(server: Any) -> None:
 # --- worker process ---------------------------------------------------------------------------
 
 
+def pre_fork(server: Any, worker: Any) -> None:
+    """Master, before each fork: give the new worker the CPU slot the fewest live workers use."""
+    settings = Settings.from_env()
+    if settings.pin_cpus:
+        slots = cpu_pinning.cpu_slots(cpu_pinning.allowed_cpus(), settings.workers)
+        taken = [getattr(other, "forkserve_cpus", None) for other in server.WORKERS.values()]
+        worker.forkserve_cpus = cpu_pinning.choose_slot(slots, taken)
+
+
 def post_fork(server: Any, worker: Any) -> None:
-    """Worker, right after fork and before TensorFlow is imported: size the native thread pools.
+    """Worker, right after fork and before TensorFlow is imported: pin the CPUs, size the native thread pools.
 
     OpenMP / oneDNN read these variables once, when TensorFlow loads, so they must be set here.
     """
     settings = Settings.from_env()
+    cpus = getattr(worker, "forkserve_cpus", None)
+    if cpus:
+        try:
+            cpu_pinning.pin_current_process(cpus)
+            worker.log.info("forkserve worker %s pinned to CPUs %s", os.getpid(), sorted(cpus))
+        except OSError as exc:  # a mask the kernel refuses (CPU went offline): run unpinned
+            worker.log.warning("forkserve worker %s not pinned: %s", os.getpid(), exc)
     intra = settings.intra_op_for(worker.cfg.workers)
     os.environ["OMP_NUM_THREADS"] = str(intra)
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)

@@ -55,6 +55,19 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
+def _pin_cpus(mode: str, cpus: int, workers: int, intra_op_threads: int) -> bool:
+    """auto: pin when every worker gets whole CPUs of its own and no cgroup quota is narrower than the mask."""
+    mode = mode.strip().lower()
+    if mode in ("1", "true", "on", "yes"):
+        return True
+    if mode in ("0", "false", "off", "no"):
+        return False
+    if mode != "auto":
+        raise ValueError(f"FORKSERVE_PIN_CPUS must be auto, 1 or 0, got {mode!r}")
+    unlimited = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == cpus
+    return unlimited and 2 <= workers <= cpus and intra_op_threads <= cpus // workers
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything forkserve reads from its environment, resolved once."""
@@ -75,11 +88,14 @@ class Settings:
     multiprocess_metrics: bool  # PROMETHEUS_MULTIPROC_DIR is set (always under gunicorn.conf.py)
     poll_interval: float  # seconds between repository scans in the master
     boot_timeout: float  # seconds a new worker has to load and warm up during a rollout
+    pin_cpus: bool  # each worker on its own CPUs (FORKSERVE_PIN_CPUS=auto|1|0)
 
     @classmethod
     def from_env(cls) -> "Settings":
         """Build settings from FORKSERVE_* variables with documented defaults."""
         cpus = available_cpus()
+        workers = _env_int("FORKSERVE_WORKERS", cpus) or cpus
+        intra_op_threads = _env_int("FORKSERVE_INTRA_OP_THREADS", 0)
         run_dir = Path(
             os.environ.get("FORKSERVE_RUN_DIR") or Path(tempfile.gettempdir()) / f"forkserve-{os.getpid()}"
         ).resolve()
@@ -87,10 +103,10 @@ class Settings:
             models_dir=Path(os.environ.get("FORKSERVE_MODELS", "models")).resolve(),
             conf_path=Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve(),
             bind=os.environ.get("FORKSERVE_BIND", DEFAULT_BIND),
-            workers=_env_int("FORKSERVE_WORKERS", cpus) or cpus,
+            workers=workers,
             threads=_env_int("FORKSERVE_THREADS", 8) or 8,
             cpus=cpus,
-            intra_op_threads=_env_int("FORKSERVE_INTRA_OP_THREADS", 0),
+            intra_op_threads=intra_op_threads,
             inter_op_threads=_env_int("FORKSERVE_INTER_OP_THREADS", 1) or 1,
             max_body_bytes=_env_int("FORKSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES) or DEFAULT_MAX_BODY_BYTES,
             log_level=os.environ.get("FORKSERVE_LOG_LEVEL", "info"),
@@ -100,6 +116,7 @@ class Settings:
             multiprocess_metrics=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
             poll_interval=_env_seconds("FORKSERVE_POLL_INTERVAL", 2.0),
             boot_timeout=_env_seconds("FORKSERVE_BOOT_TIMEOUT", 300.0),
+            pin_cpus=_pin_cpus(os.environ.get("FORKSERVE_PIN_CPUS", "auto"), cpus, workers, intra_op_threads),
         )
 
     def export(self) -> None:

@@ -147,3 +147,29 @@ def test_intra_op_for_uses_the_explicit_setting(clean_env: pytest.MonkeyPatch) -
 def test_settings_are_frozen(clean_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings_with(2).cpus = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("1", True), ("on", True), ("0", False), ("off", False)])
+def test_pin_cpus_explicit_modes(clean_env: pytest.MonkeyPatch, mode: str, expected: bool) -> None:
+    clean_env.setenv("FORKSERVE_PIN_CPUS", mode)
+    assert Settings.from_env().pin_cpus is expected
+
+
+def test_pin_cpus_auto_needs_two_workers_with_whole_cpus_each(clean_env: pytest.MonkeyPatch) -> None:
+    cpus = available_cpus()
+    unlimited = len(os.sched_getaffinity(0)) == cpus
+    clean_env.setenv("FORKSERVE_WORKERS", "1")
+    assert Settings.from_env().pin_cpus is False
+    clean_env.setenv("FORKSERVE_WORKERS", str(cpus + 1))
+    assert Settings.from_env().pin_cpus is False
+    if cpus >= 2:
+        clean_env.setenv("FORKSERVE_WORKERS", "2")
+        assert Settings.from_env().pin_cpus is unlimited
+        clean_env.setenv("FORKSERVE_INTRA_OP_THREADS", str(cpus // 2 + 1))  # more threads than its slot
+        assert Settings.from_env().pin_cpus is False
+
+
+def test_pin_cpus_rejects_other_values(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("FORKSERVE_PIN_CPUS", "sometimes")
+    with pytest.raises(ValueError, match="FORKSERVE_PIN_CPUS"):
+        Settings.from_env()
