@@ -113,53 +113,54 @@ class Baseline:
         self.process.wait(60)
 
 
-def measure(url: str, body: bytes, workload: str, server: str, seconds: float) -> list[Row]:
-    """wrk at each concurrency, after a short warm-up."""
-    rows = []
-    for connections in CONCURRENCY:
-        run_wrk(url, body, connections, 1, threads=2)
-        result = run_wrk(url, body, connections, seconds, threads=2)
-        rows.append(Row(workload, server, connections, result))
-        print(f"  {workload} {server:9s} c={connections:<3d} {result.requests_per_second:9.1f} req/s "
-              f"p50 {result.p50_seconds * 1000:7.2f} ms p99 {result.p99_seconds * 1000:7.2f} ms errors {result.errors}",
-              flush=True)
-    return rows
+def measure(url: str, body: bytes, workload: str, server: str, connections: int, seconds: float) -> Row:
+    """wrk at one concurrency, after a short warm-up."""
+    run_wrk(url, body, connections, 1, threads=2)
+    result = run_wrk(url, body, connections, seconds, threads=2)
+    print(f"  {workload} {server:9s} c={connections:<3d} {result.requests_per_second:9.1f} req/s "
+          f"p50 {result.p50_seconds * 1000:7.2f} ms p99 {result.p99_seconds * 1000:7.2f} ms errors {result.errors}",
+          flush=True)
+    return Row(workload, server, connections, result)
 
 
 def run(seconds: float, out: Path) -> None:
-    """Every server and workload, then the table and the plot."""
+    """Every server and workload, then the table and the plot.
+
+    All servers run at once (idle ones cost nothing) and the measurements interleave: forkserve,
+    naive and floor back to back at each concurrency, so a drift in this shared machine's speed
+    shows in all three instead of in the ratios.
+    """
     cpus = available_cpus()
     work = Path(tempfile.mkdtemp(prefix="forkserve-bench-"))
     started = time.monotonic()
+    running: list = []
     try:
         files = models.build(work / "models")
         bodies = request_bodies()
         limits = {name: in_process_limit(path, cpus) for name, path in files.items()}
         print(f"in-process limits: {limits}", flush=True)
-        rows: list[Row] = []
-        forkserve = Server(models_dir=work / "models", run_dir=work / "run", workers=cpus).start()
-        try:
-            for workload in ("cnn", "mlp"):
-                rows += measure(f"{forkserve.url}/v1/models/{workload}:predict", bodies[workload], workload, "forkserve", seconds)
-        finally:
-            forkserve.stop()
-        for workload in ("cnn", "mlp"):
-            naive = Baseline("bench.naive_app:app", cpus, {"NAIVE_MODEL": str(files[workload])}, work)
-            try:
-                naive.wait(f"/v1/models/{workload}:predict", bodies[workload], cpus)
-                rows += measure(f"{naive.url}/v1/models/{workload}:predict", bodies[workload], workload, "naive", seconds)
-            finally:
-                naive.stop()
+        forkserve = Server(models_dir=work / "models", run_dir=work / "run", workers=cpus)
+        running.append(forkserve)
+        naive = {w: Baseline("bench.naive_app:app", cpus, {"NAIVE_MODEL": str(files[w])}, work) for w in ("cnn", "mlp")}
         floor = Baseline("bench.floor_app:app", cpus, {}, work)
-        try:
-            floor.wait("/v1/models/x:predict", bodies["mlp"], cpus)
-            for workload in ("cnn", "mlp"):
-                rows += measure(f"{floor.url}/v1/models/{workload}:predict", bodies[workload], workload, "floor", seconds)
-        finally:
-            floor.stop()
+        running += [*naive.values(), floor]
+        forkserve.start()
+        for workload, server in naive.items():
+            server.wait(f"/v1/models/{workload}:predict", bodies[workload], cpus)
+        floor.wait("/v1/models/x:predict", bodies["mlp"], cpus)
+        rows: list[Row] = []
+        for workload in ("cnn", "mlp"):
+            path = f"/v1/models/{workload}:predict"
+            urls = {"forkserve": forkserve.url, "naive": naive[workload].url, "floor": floor.url}
+            for connections in CONCURRENCY:
+                for name, url in urls.items():
+                    rows.append(measure(url + path, bodies[workload], workload, name, connections, seconds))
     finally:
+        for server in running:
+            server.stop()
         shutil.rmtree(work, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+    rows.sort(key=lambda r: (("forkserve", "naive", "floor").index(r.server), r.workload, r.concurrency))
     table = report(rows, limits, cpus, time.monotonic() - started)
     (out / "throughput.md").write_text(table)
     plot(rows, limits, out / "throughput.png")
@@ -171,7 +172,8 @@ def report(rows: list[Row], limits: dict, cpus: int, elapsed: float) -> str:
     by_key = {(r.workload, r.server, r.concurrency): r.result for r in rows}
     lines = [
         f"Run on {cpus} CPUs in {elapsed:.0f} s; forkserve and both baselines use gunicorn with {cpus} workers "
-        "x 8 threads (gthread). In-process limit: a warm concrete function.",
+        "x 8 threads (gthread), all running at once, measured back to back at each concurrency. "
+        "In-process limit: a warm concrete function.",
         "",
         "| workload | server | conc. | req/s | p50 ms | p99 ms | errors | × naive | / floor | / in-process batched |",
         "|---|---|---|---|---|---|---|---|---|---|",
