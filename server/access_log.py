@@ -11,12 +11,12 @@ flusher thread writes what is there every FLUSH_INTERVAL_S in one write (as ngin
 from __future__ import annotations
 
 import collections
-import os
 import threading
-import time
 from typing import Any
 
 from gunicorn.glogging import Logger
+
+from server.flusher import Flusher
 
 FLUSH_INTERVAL_S = 0.5
 # The line FORMAT produces, built without gunicorn's atoms; any other access_log_format is left to gunicorn.
@@ -30,7 +30,7 @@ class AccessLogger(Logger):
         super().__init__(cfg)
         self._lines: collections.deque[str] = collections.deque()
         self._flushing = threading.Lock()
-        self._owner_pid = 0
+        self._flusher = Flusher("access-log-flusher", self.flush_access, FLUSH_INTERVAL_S)
 
     def access(self, resp: Any, req: Any, environ: dict, request_time: Any) -> None:
         """Queue one line for the request (gunicorn calls this after the response is sent)."""
@@ -53,8 +53,7 @@ class AccessLogger(Logger):
             f'{environ["SERVER_PROTOCOL"]}" {status} {getattr(resp, "sent", None)} {milliseconds}ms '
             f"rid={request_id} version={version}"
         )
-        if self._owner_pid != os.getpid():
-            self._start_flusher()
+        self._flusher.ensure_started()
 
     def flush_access(self) -> None:
         """Write every queued line in one log record."""
@@ -67,17 +66,3 @@ class AccessLogger(Logger):
                     self.access_log.info("\n".join(lines))
                 except Exception:  # as gunicorn's access(): a logging failure must not fail requests
                     self.exception("access log write failed")
-
-    def _start_flusher(self) -> None:
-        """Start this process's flusher thread once (threads do not survive fork)."""
-        with self._flushing:
-            if self._owner_pid == os.getpid():
-                return
-            self._owner_pid = os.getpid()
-        threading.Thread(target=self._flush_forever, name="access-log-flusher", daemon=True).start()
-
-    def _flush_forever(self) -> None:
-        """Flusher thread body."""
-        while True:
-            time.sleep(FLUSH_INTERVAL_S)
-            self.flush_access()

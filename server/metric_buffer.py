@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import bisect
 import collections
-import os
 import threading
-import time
 from typing import Any
 
 from server import metrics
+from server.flusher import Flusher
 
 FLUSH_INTERVAL_S = 0.5
 
@@ -48,13 +47,12 @@ class MetricBuffer:
         self._events: collections.deque[tuple[Any, tuple[str, ...], float]] = collections.deque()
         self._children: dict[Series, Any] = {}
         self._flushing = threading.Lock()  # the flusher thread and a scrape may flush at once
-        self._owner_pid = 0  # the process whose flusher thread runs
+        self._flusher = Flusher("metrics-flusher", self.flush, interval_s)
 
     def add(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
         """Counter or gauge: add `value` (negative to decrease); histogram: observe `value`."""
         self._events.append((metric, labels, value))  # deque.append is atomic: no lock needed
-        if self._owner_pid != os.getpid():
-            self._start_flusher()
+        self._flusher.ensure_started()
 
     def flush(self) -> None:
         """Write what is buffered: one update per counter or gauge series, one per histogram bucket."""
@@ -80,20 +78,6 @@ class MetricBuffer:
             metric, labels = series
             child = self._children[series] = metric.labels(*labels) if labels else metric
         return child
-
-    def _start_flusher(self) -> None:
-        """Start this process's flusher thread (once per process: threads do not survive fork)."""
-        with self._flushing:
-            if self._owner_pid == os.getpid():
-                return
-            self._owner_pid = os.getpid()
-        threading.Thread(target=self._flush_forever, name="metrics-flusher", daemon=True).start()
-
-    def _flush_forever(self) -> None:
-        """Flusher thread body."""
-        while True:
-            time.sleep(self.interval_s)
-            self.flush()
 
 
 BUFFER = MetricBuffer()
