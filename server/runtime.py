@@ -101,8 +101,9 @@ class FlatCall:
     """A concrete function called with flat tensors, below ConcreteFunction.__call__'s argument binding.
 
     The binding and casting in __call__ cost more than a small model's kernels (MLP batch 1:
-    ~300 us per call through __call__, ~130 us here). Private TF API, so a servable only uses it
-    after `matches` showed it answers exactly as the public call.
+    ~300 us per call through __call__, ~130 us here). Private TF API (tensorflow is pinned), so a
+    servable only uses it after `_flat_call_or_none` saw it answer exactly as the public call. Inputs
+    must already match the signature: the request codecs check shapes and dtypes, __call__ is skipped.
     """
 
     def __init__(self, concrete: Any) -> None:
