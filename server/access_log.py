@@ -30,6 +30,8 @@ class AccessLogger(Logger):
         super().__init__(cfg)
         self._lines: collections.deque[str] = collections.deque()
         self._flushing = threading.Lock()
+        # One record of many lines suits a plain stream; logconfig or syslog handlers want one record per line.
+        self._one_record = not (cfg.logconfig or cfg.logconfig_dict or cfg.logconfig_json or cfg.syslog)
         self._flusher = Flusher("access-log-flusher", self.flush_access, FLUSH_INTERVAL_S)
 
     def access(self, resp: Any, req: Any, environ: dict, request_time: Any) -> None:
@@ -56,13 +58,14 @@ class AccessLogger(Logger):
         self._flusher.ensure_started()
 
     def flush_access(self) -> None:
-        """Write every queued line in one log record."""
+        """Write every queued line (in one log record for a plain stream)."""
         with self._flushing:
             lines = []
             while self._lines:
                 lines.append(self._lines.popleft())
             if lines:
                 try:
-                    self.access_log.info("\n".join(lines))
+                    for record in ["\n".join(lines)] if self._one_record else lines:
+                        self.access_log.info(record)
                 except Exception:  # as gunicorn's access(): a logging failure must not fail requests
                     self.exception("access log write failed")

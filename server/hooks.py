@@ -113,20 +113,29 @@ def _share_gunicorn_log(server: Any) -> None:
 
 
 def pre_fork(server: Any, worker: Any) -> None:
-    """Master, before each fork: give the new worker the CPU slot the fewest live workers use."""
-    settings = Settings.from_env()
-    if settings.pin_cpus:
-        slots = cpu_pinning.cpu_slots(cpu_pinning.allowed_cpus(), settings.workers)
-        taken = [getattr(other, "forkserve_cpus", None) for other in server.WORKERS.values()]
-        worker.forkserve_cpus = cpu_pinning.choose_slot(slots, taken)
+    """Master, before each fork: give the new worker the CPU slot the fewest other workers keep.
+
+    A rollout adds a worker before gunicorn retires the oldest (TTOU), so with the fleet full
+    the oldest workers do not count: the new worker takes the slot the retiring one frees.
+    """
+    workers = server.cfg.workers  # the configured count; TTIN raises only server.num_workers
+    if not Settings.from_env().pins_for(workers):
+        return
+    slots = cpu_pinning.cpu_slots(cpu_pinning.allowed_cpus(), workers)
+    staying = sorted(server.WORKERS.values(), key=lambda other: other.age)
+    if len(staying) >= workers:
+        staying = staying[len(staying) - (workers - 1) :]
+    worker.forkserve_cpus = cpu_pinning.choose_slot(slots, [getattr(w, "forkserve_cpus", None) for w in staying])
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    """Worker, right after fork and before TensorFlow is imported: pin the CPUs, size the native thread pools.
+    """Worker, right after fork and before TensorFlow is imported: size the native thread pools, pin the CPUs.
 
     OpenMP / oneDNN read these variables once, when TensorFlow loads, so they must be set here.
     """
     settings = Settings.from_env()
+    # NOTE: before pinning: afterwards this process sees only its slot's CPUs.
+    intra = worker.forkserve_intra_op = settings.intra_op_for(worker.cfg.workers)
     cpus = getattr(worker, "forkserve_cpus", None)
     if cpus:
         try:
@@ -134,7 +143,6 @@ def post_fork(server: Any, worker: Any) -> None:
             worker.log.info("forkserve worker %s pinned to CPUs %s", os.getpid(), sorted(cpus))
         except OSError as exc:  # a mask the kernel refuses (CPU went offline): run unpinned
             worker.log.warning("forkserve worker %s not pinned: %s", os.getpid(), exc)
-    intra = settings.intra_op_for(worker.cfg.workers)
     os.environ["OMP_NUM_THREADS"] = str(intra)
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)
     os.environ["TF_NUM_INTEROP_THREADS"] = str(settings.inter_op_threads)
@@ -159,7 +167,8 @@ def post_worker_init(worker: Any) -> None:
         worker.log.error("forkserve: the WSGI app is not forkserve's create_app(); no models loaded")
         return
     try:
-        registry.load_all(settings.intra_op_for(worker.cfg.workers), settings.inter_op_threads)
+        intra = getattr(worker, "forkserve_intra_op", None) or settings.intra_op_for(worker.cfg.workers)
+        registry.load_all(intra, settings.inter_op_threads)
     except Exception:  # NOTE: a bug here must not halt the server; the worker reports not ready
         worker.log.exception("forkserve: loading models failed")
     from server import metrics

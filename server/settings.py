@@ -55,17 +55,15 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
-def _pin_cpus(mode: str, cpus: int, workers: int, intra_op_threads: int) -> bool:
-    """auto: pin when every worker gets whole CPUs of its own and no cgroup quota is narrower than the mask."""
-    mode = mode.strip().lower()
-    if mode in ("1", "true", "on", "yes"):
-        return True
-    if mode in ("0", "false", "off", "no"):
-        return False
-    if mode != "auto":
-        raise ValueError(f"FORKSERVE_PIN_CPUS must be auto, 1 or 0, got {mode!r}")
-    unlimited = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == cpus
-    return unlimited and 2 <= workers <= cpus and intra_op_threads <= cpus // workers
+PIN_MODES = {"auto": "auto", "1": "on", "true": "on", "on": "on", "yes": "on", "0": "off", "false": "off", "off": "off", "no": "off"}
+
+
+def _pin_mode(raw: str) -> str:
+    """FORKSERVE_PIN_CPUS as "auto", "on" or "off"."""
+    mode = PIN_MODES.get(raw.strip().lower())
+    if mode is None:
+        raise ValueError(f"FORKSERVE_PIN_CPUS must be auto, 1 or 0, got {raw!r}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,7 @@ class Settings:
     multiprocess_metrics: bool  # PROMETHEUS_MULTIPROC_DIR is set (always under gunicorn.conf.py)
     poll_interval: float  # seconds between repository scans in the master
     boot_timeout: float  # seconds a new worker has to load and warm up during a rollout
-    pin_cpus: bool  # each worker on its own CPUs (FORKSERVE_PIN_CPUS=auto|1|0)
+    pin_cpus: str  # "auto", "on" or "off": each worker on its own CPUs (FORKSERVE_PIN_CPUS=auto|1|0)
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -116,7 +114,7 @@ class Settings:
             multiprocess_metrics=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
             poll_interval=_env_seconds("FORKSERVE_POLL_INTERVAL", 2.0),
             boot_timeout=_env_seconds("FORKSERVE_BOOT_TIMEOUT", 300.0),
-            pin_cpus=_pin_cpus(os.environ.get("FORKSERVE_PIN_CPUS", "auto"), cpus, workers, intra_op_threads),
+            pin_cpus=_pin_mode(os.environ.get("FORKSERVE_PIN_CPUS", "auto")),
         )
 
     def export(self) -> None:
@@ -128,6 +126,17 @@ class Settings:
         os.environ["FORKSERVE_RUN_DIR"] = str(self.run_dir)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
+
+    def pins_for(self, workers: int) -> bool:
+        """Whether to pin `workers` workers; auto: when each gets whole CPUs and no cgroup quota is narrower than the mask.
+
+        Master only: `workers` is gunicorn's configured count (-w wins over FORKSERVE_WORKERS), and
+        a pinned worker's own affinity mask would make the check see one slot's CPUs.
+        """
+        if self.pin_cpus != "auto":
+            return self.pin_cpus == "on"
+        unlimited = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == self.cpus
+        return unlimited and 2 <= workers <= self.cpus and self.intra_op_threads <= self.cpus // workers
 
     def intra_op_for(self, workers: int) -> int:
         """TensorFlow intra-op threads for one worker when `workers` share the CPUs."""

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
+from server import cpu_pinning, hooks
 from server.cpu_pinning import choose_slot, cpu_slots
 
 
@@ -24,3 +29,55 @@ def test_new_workers_fill_the_least_used_slot() -> None:
 
 def test_no_slots_means_no_pinning() -> None:
     assert choose_slot([], [frozenset({0})]) is None
+
+
+class FakeArbiter:
+    """The parts of gunicorn's Arbiter that pre_fork reads, driven like gunicorn drives them."""
+
+    def __init__(self, workers: int) -> None:
+        self.cfg = SimpleNamespace(workers=workers)
+        self.WORKERS: dict[int, SimpleNamespace] = {}
+        self._age = 0
+
+    def spawn(self) -> SimpleNamespace:
+        """Arbiter.spawn_worker: a new worker object, pre_fork, then it joins WORKERS."""
+        self._age += 1
+        worker = SimpleNamespace(age=self._age)
+        hooks.pre_fork(self, worker)
+        self.WORKERS[self._age] = worker
+        return worker
+
+    def retire_oldest(self) -> None:
+        """TTOU: gunicorn stops the oldest worker."""
+        del self.WORKERS[min(self.WORKERS, key=lambda pid: self.WORKERS[pid].age)]
+
+    def slots_in_use(self) -> list[frozenset[int]]:
+        return sorted((w.forkserve_cpus for w in self.WORKERS.values()), key=min)
+
+
+@pytest.fixture
+def four_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinning forced on over a fixed CPU list, so the slot arithmetic does not depend on this machine."""
+    monkeypatch.setenv("FORKSERVE_PIN_CPUS", "1")
+    monkeypatch.setattr(cpu_pinning, "allowed_cpus", lambda: [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_rollouts_keep_one_worker_per_slot(four_cpus: None, workers: int) -> None:
+    arbiter = FakeArbiter(workers)
+    for _ in range(workers):
+        arbiter.spawn()
+    every_slot = cpu_slots([0, 1, 2, 3], workers)
+    assert arbiter.slots_in_use() == every_slot
+    for _ in range(3):  # three rolling restarts: TTIN then TTOU, one worker at a time
+        for _ in range(workers):
+            arbiter.spawn()
+            arbiter.retire_oldest()
+        assert arbiter.slots_in_use() == every_slot
+
+
+def test_a_crashed_workers_replacement_takes_its_slot(four_cpus: None) -> None:
+    arbiter = FakeArbiter(2)
+    first, second = arbiter.spawn(), arbiter.spawn()
+    del arbiter.WORKERS[first.age]
+    assert arbiter.spawn().forkserve_cpus == first.forkserve_cpus != second.forkserve_cpus

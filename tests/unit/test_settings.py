@@ -152,21 +152,19 @@ def test_settings_are_frozen(clean_env: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(("mode", "expected"), [("1", True), ("on", True), ("0", False), ("off", False)])
 def test_pin_cpus_explicit_modes(clean_env: pytest.MonkeyPatch, mode: str, expected: bool) -> None:
     clean_env.setenv("FORKSERVE_PIN_CPUS", mode)
-    assert Settings.from_env().pin_cpus is expected
+    assert Settings.from_env().pins_for(1) is expected
+    assert Settings.from_env().pins_for(64) is expected
 
 
 def test_pin_cpus_auto_needs_two_workers_with_whole_cpus_each(clean_env: pytest.MonkeyPatch) -> None:
-    cpus = available_cpus()
-    unlimited = len(os.sched_getaffinity(0)) == cpus
-    clean_env.setenv("FORKSERVE_WORKERS", "1")
-    assert Settings.from_env().pin_cpus is False
-    clean_env.setenv("FORKSERVE_WORKERS", str(cpus + 1))
-    assert Settings.from_env().pin_cpus is False
-    if cpus >= 2:
-        clean_env.setenv("FORKSERVE_WORKERS", "2")
-        assert Settings.from_env().pin_cpus is unlimited
-        clean_env.setenv("FORKSERVE_INTRA_OP_THREADS", str(cpus // 2 + 1))  # more threads than its slot
-        assert Settings.from_env().pin_cpus is False
+    settings = Settings.from_env()
+    unlimited = len(os.sched_getaffinity(0)) == settings.cpus
+    assert settings.pins_for(1) is False  # the count gunicorn runs (-w), not FORKSERVE_WORKERS
+    assert settings.pins_for(settings.cpus + 1) is False
+    if settings.cpus >= 2:
+        assert settings.pins_for(2) is unlimited
+        clean_env.setenv("FORKSERVE_INTRA_OP_THREADS", str(settings.cpus // 2 + 1))  # more threads than its slot
+        assert Settings.from_env().pins_for(2) is False
 
 
 def test_pin_cpus_rejects_other_values(clean_env: pytest.MonkeyPatch) -> None:
