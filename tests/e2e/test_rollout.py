@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import requests
 
+from server.settings import Settings
 from server.state import read_worker_states
 from server.target import read_failed
 from tests.e2e.conftest import copy_models
@@ -122,6 +123,12 @@ def test_reload_command_replaces_every_worker(fleet: tuple[Server, Nginx]) -> No
     answer = requests.post(f"{nginx.url}/v1/models/mlp:predict", json=BODY, timeout=30)
     assert answer.ok and answer.headers["X-Model-Version"] == "2"
     assert answer.headers["X-Request-Id"]
+    # After rollouts (publish, HUP, reload), still one worker per CPU, every thread of each pinned.
+    if Settings.from_env().pins_for(2):
+        masks = {pid: {frozenset(os.sched_getaffinity(int(t.name))) for t in Path(f"/proc/{pid}/task").iterdir()}
+                 for pid in server.worker_pids()}
+        assert all(len(per_thread) == 1 for per_thread in masks.values()), masks
+        assert len({next(iter(per_thread)) for per_thread in masks.values()}) == 2, masks
 
 
 def test_an_unsettled_directory_is_not_loaded_until_it_stops_changing(fleet: tuple[Server, Nginx], model_repo: Path) -> None:
