@@ -60,9 +60,7 @@ class AccessLogger(Logger):
     def flush_access(self) -> None:
         """Write every queued line (in one log record for a plain stream)."""
         with self._flushing:
-            lines = []
-            while self._lines:
-                lines.append(self._lines.popleft())
+            lines = [self._lines.popleft() for _ in range(len(self._lines))]
             if lines:
                 try:
                     for record in ["\n".join(lines)] if self._one_record else lines:

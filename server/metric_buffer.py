@@ -60,7 +60,7 @@ class MetricBuffer:
             events = self._events
             sums: dict[Series, float] = collections.defaultdict(float)
             observed: dict[Series, list[float]] = collections.defaultdict(list)
-            while events:
+            for _ in range(len(events)):  # what is there now; later appends wait for the next flush
                 metric, labels, value = events.popleft()
                 if metric._type == "histogram":
                     observed[(metric, labels)].append(value)
