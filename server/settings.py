@@ -92,8 +92,6 @@ class Settings:
     def from_env(cls) -> "Settings":
         """Build settings from FORKSERVE_* variables with documented defaults."""
         cpus = available_cpus()
-        workers = _env_int("FORKSERVE_WORKERS", cpus) or cpus
-        intra_op_threads = _env_int("FORKSERVE_INTRA_OP_THREADS", 0)
         run_dir = Path(
             os.environ.get("FORKSERVE_RUN_DIR") or Path(tempfile.gettempdir()) / f"forkserve-{os.getpid()}"
         ).resolve()
@@ -101,10 +99,10 @@ class Settings:
             models_dir=Path(os.environ.get("FORKSERVE_MODELS", "models")).resolve(),
             conf_path=Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve(),
             bind=os.environ.get("FORKSERVE_BIND", DEFAULT_BIND),
-            workers=workers,
+            workers=_env_int("FORKSERVE_WORKERS", cpus) or cpus,
             threads=_env_int("FORKSERVE_THREADS", 8) or 8,
             cpus=cpus,
-            intra_op_threads=intra_op_threads,
+            intra_op_threads=_env_int("FORKSERVE_INTRA_OP_THREADS", 0),
             inter_op_threads=_env_int("FORKSERVE_INTER_OP_THREADS", 1) or 1,
             max_body_bytes=_env_int("FORKSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES) or DEFAULT_MAX_BODY_BYTES,
             log_level=os.environ.get("FORKSERVE_LOG_LEVEL", "info"),
