@@ -31,7 +31,7 @@ def bucket_for(rows: int, sizes: list[int]) -> int:
     return next(size for size in sizes if size >= rows)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the queue removes a cancelled job by identity
 class Job:
     """One request's inputs waiting for the executor."""
 
@@ -114,6 +114,23 @@ class ModelExecutor:
             self._cond.notify()
         BUFFER.add(metrics.QUEUE_ROWS, (self.model,), rows)
         return job
+
+    def cancel(self, job: Job) -> bool:
+        """Requester, past its deadline: withdraw a job that has not started; False when it runs already.
+
+        NOTE: the job leaves the queue here, not when the executor would have skipped it: a burst of
+        timed-out jobs left in place would keep counting toward max_queue_rows and 503 live requests.
+        """
+        if not job.future.cancel():
+            return False
+        with self._cond:
+            try:
+                self._jobs.remove(job)
+            except ValueError:  # taken into a batch already: its rows were counted out then
+                return True
+            self._queued_rows -= job.rows
+        BUFFER.add(metrics.QUEUE_ROWS, (self.model,), -job.rows)
+        return True
 
     def _take(self) -> list[Job] | None:
         """Block for the next job, then gather compatible queued jobs up to max_batch_size rows."""

@@ -1,8 +1,9 @@
 """A one-shot reply slot between a request thread and an executor thread.
 
 Lighter than concurrent.futures.Future on the hot path (measured: Future.set_result's
-Condition.notify_all was a tenth of a worker's GIL time): two plain locks, no condition, no
-callbacks. The same method names as Future, for the part of its API forkserve uses.
+Condition.notify_all was a tenth of a worker's GIL time): an explicit state guarded by a plain
+lock, and a second lock released exactly once, when the state becomes final. The same method
+names as Future, for the part of its API forkserve uses.
 """
 
 from __future__ import annotations
@@ -14,56 +15,71 @@ from typing import Any
 
 __all__ = ["Reply", "ReplyTimeout"]
 
+PENDING, RUNNING, FINISHED, CANCELLED = "pending", "running", "finished", "cancelled"
+FINAL = (FINISHED, CANCELLED)
+
 
 class Reply:
-    """Set once by the executor, read once by the request thread that submitted the job."""
+    """Set once by the executor, read by the request thread that submitted the job."""
 
-    __slots__ = ("_claim", "_done", "_value", "_error", "_cancelled")
+    __slots__ = ("_state", "_lock", "_final", "_value", "_error")
 
     def __init__(self) -> None:
-        self._claim = threading.Lock()  # taken by whoever acts first: the executor (run) or cancel
-        self._done = threading.Lock()
-        self._done.acquire()  # released once the value or the error is there
+        self._state = PENDING
+        self._lock = threading.Lock()  # guards every change of _state
+        self._final = threading.Lock()
+        self._final.acquire()  # released once, by the change to FINISHED or CANCELLED
         self._value: Any = None
         self._error: BaseException | None = None
-        self._cancelled = False
 
     def set_running_or_notify_cancel(self) -> bool:
         """Executor: claim the job; False when the requester cancelled it first."""
-        return self._claim.acquire(blocking=False)
+        with self._lock:
+            if self._state != PENDING:
+                return False
+            self._state = RUNNING
+            return True
 
     def cancel(self) -> bool:
-        """Requester: give up on a job that has not started; False when it already runs."""
-        if not self._claim.acquire(blocking=False):
-            return False
-        self._cancelled = True
-        self._done.release()
+        """Requester: give up on a job that has not started; False when it runs or ran already."""
+        with self._lock:
+            if self._state != PENDING:
+                return False
+            self._state = CANCELLED
+        self._final.release()
         return True
 
     def cancelled(self) -> bool:
         """True when the requester cancelled the job before it ran."""
-        return self._cancelled
+        return self._state == CANCELLED
 
     def done(self) -> bool:
         """True once a value, an error or a cancellation is there."""
-        return not self._done.locked()
+        return self._state in FINAL
 
-    def set_result(self, value: Any) -> None:
-        """Executor: hand over the value."""
-        self._value = value
-        self._done.release()
+    def set_result(self, value: Any) -> bool:
+        """Executor: hand over the value; False (and ignored) when the reply is final already."""
+        return self._finish(value, None)
 
-    def set_exception(self, error: BaseException) -> None:
-        """Executor: hand over the failure."""
-        self._error = error
-        self._done.release()
+    def set_exception(self, error: BaseException) -> bool:
+        """Executor: hand over the failure; False (and ignored) when the reply is final already."""
+        return self._finish(None, error)
+
+    def _finish(self, value: Any, error: BaseException | None) -> bool:
+        with self._lock:
+            if self._state in FINAL:
+                return False
+            self._value, self._error, self._state = value, error, FINISHED
+        self._final.release()
+        return True
 
     def result(self, timeout: float | None = None) -> Any:
         """Requester: wait for the value (ReplyTimeout after `timeout` seconds)."""
-        if not self._done.acquire(timeout=-1 if timeout is None else timeout):
-            raise ReplyTimeout()
-        self._done.release()  # later calls return at once
-        if self._cancelled:
+        if self._state not in FINAL:
+            if not self._final.acquire(timeout=-1 if timeout is None else timeout):
+                raise ReplyTimeout()
+            self._final.release()  # later calls find the state final and do not wait
+        if self._state == CANCELLED:
             raise CancelledError()
         if self._error is not None:
             raise self._error

@@ -86,7 +86,7 @@ def infer(version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], 
     try:
         outputs = job.future.result(timeout=timeout)
     except ReplyTimeout:
-        job.future.cancel()
+        version.executor.cancel(job)
         metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc())
         raise DeadlineExceeded(
             f"model {version.name} version {version.version} did not answer within {timeout}s"

@@ -86,9 +86,8 @@ def make_executor(model: Model) -> Iterator[Callable[..., ModelExecutor]]:
 
 
 def enqueue(executor: ModelExecutor, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool) -> Future:
-    """Submit a job and return the Future its caller waits on (submit returns the Job or its Future)."""
-    handle = executor.submit(signature, inputs, rows, batchable)
-    return handle.future if isinstance(handle, Job) else handle
+    """Submit a job and return the reply its caller waits on."""
+    return executor.submit(signature, inputs, rows, batchable).future
 
 
 def block(executor: ModelExecutor, model: Model) -> Future:
@@ -298,6 +297,29 @@ def test_cancelled_jobs_are_skipped(make_executor: Callable[..., ModelExecutor],
     assert cancelled.cancelled()
     assert 777 not in model.seen()
     assert model.sizes() == [2]
+
+
+def test_a_cancelled_job_leaves_the_queue_and_its_rows_stop_counting(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
+    executor = make_executor(max_batch_size=4, max_queue_rows=4)
+    block(executor, model)
+    timed_out = executor.submit("serving_default", {"x": np.full((4, 2), 777, np.float32)}, 4, True)
+    with pytest.raises(ResourceExhausted):
+        enqueue(executor, "serving_default", {"x": rows(0, 1)}, 1, True)
+    assert executor.cancel(timed_out) and timed_out.future.cancelled()
+    assert executor.queued_rows == 0
+    live = enqueue(executor, "serving_default", {"x": rows(0, 3)}, 3, True)  # fits now
+    model.gate.set()
+    np.testing.assert_array_equal(result(live), rows(0, 3) * 2 + 1)
+    assert 777 not in model.seen()
+
+
+def test_a_running_job_cannot_be_withdrawn(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
+    executor = make_executor(max_batch_size=4)
+    running = executor.submit("block", {"x": np.zeros((1, 1), np.float32)}, 1, True)
+    assert model.blocked.wait(TIMEOUT)
+    assert not executor.cancel(running)
+    model.gate.set()
+    assert result(running.future).shape == (1, 1)
 
 
 def test_batch_delay_waits_for_more_rows_but_not_past_a_full_batch(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
