@@ -6,7 +6,7 @@ it must not import tensorflow or keras, directly or through what it imports.
 
 from server.settings import Settings
 
-_settings = Settings.from_env()
+_settings = Settings.current()
 _settings.export()  # NOTE: before server.hooks imports prometheus_client (multiprocess mode)
 
 from server import hooks  # noqa: E402
@@ -15,10 +15,10 @@ from server.access_log import FORMAT  # noqa: E402
 wsgi_app = "server.app:create_app()"
 bind = [_settings.bind]
 workers = _settings.workers
-worker_class = "gthread"
+worker_class = "server.gthread_worker.ForkserveWorker"  # gthread that leaves Ctrl-C to the master
 threads = _settings.threads
 preload_app = False  # NOTE: True would import the app, and with it TensorFlow, in the master
-timeout = 30  # heartbeat; request time is bounded by the in-app deadline (request_timeout_s)
+timeout = 30  # heartbeat (kept during model loads up to FORKSERVE_BOOT_TIMEOUT); requests have their own deadline
 graceful_timeout = 30
 keepalive = 75  # above nginx's upstream keepalive_timeout (60 s) so nginx closes first
 control_socket_disable = True  # several instances on one host would share ~/.gunicorn/gunicorn.ctl

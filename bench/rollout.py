@@ -55,7 +55,7 @@ def main() -> None:
         def rolled() -> bool:
             states = read_worker_states(server.run_dir)
             live = [states[pid] for pid in server.worker_pids() if pid in states]
-            return len(live) == 2 and all(s.get("serving", {}).get("mlp") == [version] for s in live)
+            return len(live) == 2 and all(s.serving("mlp") == [version] for s in live)
 
         wait_until(rolled, 300, "the rollout")
         finished = time.monotonic()

@@ -22,12 +22,18 @@ REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def create_app(settings: Settings | None = None, config: ServerConfig | None = None) -> Flask:
-    """Build the app with an empty model registry; `registry.load_all()` fills it."""
-    settings = settings or Settings.from_env()
-    config = config or load_config(settings.conf_path)
+    """Build the app with an empty model registry; `registry.load_all()` fills it.
+
+    Under gunicorn the models and their configuration come from the master's target
+    (server.target); `config` (or conf/models.toml, read at load time) only serves an app run
+    without a master. Never raises on a bad configuration: a worker boot error halts gunicorn.
+    """
+    settings = settings or Settings.current()
     app = Flask("forkserve")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.extensions["forkserve"] = ModelRegistry(settings.models_dir, config, settings.run_dir)
+    app.extensions["forkserve"] = ModelRegistry(
+        settings.models_dir, settings.run_dir, config if config is not None else (lambda: load_config(settings.conf_path))
+    )
     app.extensions["forkserve.settings"] = settings
     app.register_blueprint(health.blueprint)
     app.register_blueprint(tfserving.blueprint)

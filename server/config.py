@@ -15,7 +15,11 @@ VERSION_POLICIES = ("latest", "all", "specific")
 
 
 class ConfigError(ValueError):
-    """conf/models.toml is malformed; the server refuses to start."""
+    """conf/models.toml is malformed: the server refuses to start, or keeps its last good configuration."""
+
+    def __init__(self, message: str, model: str | None = None) -> None:
+        super().__init__(message)
+        self.model = model  # the model whose table is wrong; None: the whole file (every model)
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class ServerConfig:
 
     defaults: ModelConfig = field(default_factory=ModelConfig)
     models: dict[str, ModelConfig] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict, compare=False)  # the parsed TOML it came from
 
     def for_model(self, name: str) -> ModelConfig:
         """Settings of model `name`: its own table over the defaults."""
@@ -115,24 +120,27 @@ def _type_problem(key: str, value: Any) -> str:
     return "" if isinstance(value, str) else "a string"
 
 
-def _model_config(table: Any, base: ModelConfig, where: str) -> ModelConfig:
-    """Apply one TOML table on top of `base`."""
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}: must be a table, got {table!r}")
-    unknown = set(table) - _FIELDS
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(_FIELDS)}")
-    for key, value in table.items():
-        wanted = _type_problem(key, value)
-        if wanted:
-            raise ConfigError(f"{where}: {key} must be {wanted}, got {value!r}")
-    values = dict(table)
-    for key in ("versions", "allowed_batch_sizes"):
-        if key in values:
-            values[key] = tuple(values[key])
-    if "labels" in values:
-        values["labels"] = dict(values["labels"])
-    return replace(base, **values).validate(where)
+def _model_config(table: Any, base: ModelConfig, where: str, model: str | None = None) -> ModelConfig:
+    """Apply one TOML table on top of `base`; errors name `model` (None for [defaults])."""
+    try:
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: must be a table, got {table!r}")
+        unknown = set(table) - _FIELDS
+        if unknown:
+            raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(_FIELDS)}")
+        for key, value in table.items():
+            wanted = _type_problem(key, value)
+            if wanted:
+                raise ConfigError(f"{where}: {key} must be {wanted}, got {value!r}")
+        values = dict(table)
+        for key in ("versions", "allowed_batch_sizes"):
+            if key in values:
+                values[key] = tuple(values[key])
+        if "labels" in values:
+            values["labels"] = dict(values["labels"])
+        return replace(base, **values).validate(where)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), model) from None
 
 
 def parse_config(data: dict[str, Any]) -> ServerConfig:
@@ -144,10 +152,10 @@ def parse_config(data: dict[str, Any]) -> ServerConfig:
     if not isinstance(data.get("models", {}), dict):
         raise ConfigError("[models]: must be a table of [models.NAME] tables")
     models = {
-        name: _model_config(table, defaults, f"[models.{name}]")
+        name: _model_config(table, defaults, f"[models.{name}]", name)
         for name, table in data.get("models", {}).items()
     }
-    return ServerConfig(defaults=defaults, models=models)
+    return ServerConfig(defaults=defaults, models=models, source=data)
 
 
 def load_config(path: Path) -> ServerConfig:

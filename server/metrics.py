@@ -63,22 +63,29 @@ def _ensure_directory() -> None:
 
 
 _ensure_directory()
-_warned = False
+_failing = False
 
 
 def record(update: Callable[[], object]) -> None:
-    """Apply one metric update; a broken metrics directory (removed, disk full) costs the metric only.
+    """Apply one metric update; a broken metrics directory (removed, a file, disk full) costs the update only.
 
-    NOTE: multiprocess values live in mmapped files under PROMETHEUS_MULTIPROC_DIR; the first
-    write of a metric type in a process opens its file, which fails if the directory is gone.
+    NOTE: multiprocess values live in mmapped files under PROMETHEUS_MULTIPROC_DIR; a write that
+    opens or grows a file fails with an OSError when the directory is gone or the disk is full.
+    The update is dropped (the request or load it describes goes on), the first loss is logged,
+    and so is the first update that works again.
     """
-    global _warned
+    global _failing
     try:
         update()
-    except Exception as exc:  # an OSError, or a value left half reopened after one: metrics only
-        if not _warned:
-            _warned = True
-            log.warning("metrics disabled in this process: %s", exc)
+    except OSError as exc:
+        if not _failing:
+            _failing = True
+            log.warning("metrics: updates are being dropped in this process until the metrics directory "
+                        "works again: %s", exc)
+        return
+    if _failing:
+        _failing = False
+        log.warning("metrics: the metrics directory works again; updates are recorded")
 
 # 100 µs .. 10 s, roughly 2.5x apart: resolves a 0.3 ms MLP call and a 5 s stall alike.
 LATENCY_BUCKETS = (
@@ -145,11 +152,27 @@ WORKER_EXITS = Counter(
     "forkserve_worker_exits", "Worker exits seen by the master, by reason.", ["reason"],
 )
 
-# --- rollouts (master) ---
-ROLLOUTS = Counter("forkserve_rollouts", "Rolling restarts by outcome.", ["result"])
+# --- rollouts and the repository (master) ---
+ROLLOUTS = Counter(
+    "forkserve_rollouts", "Rolling restarts by result: succeeded, failed (versions marked failed) or gave_up.",
+    ["result"],
+)
+ROLLOUT_RETRIES = Counter(
+    "forkserve_rollout_retries", "Rollout tries whose new worker died or was not ready in time, tried again.",
+)
 ROLLOUT_FAILED_VERSIONS = Counter(
-    "forkserve_rollout_failed_versions", "Model versions a rollout marked failed (never served).", ["model", "version"],
+    "forkserve_rollout_failed_versions", "Model versions marked failed (never served): by a rollout or repeated deaths.",
+    ["model", "version"],
 )
 ROLLOUT_IN_PROGRESS = Gauge(
     "forkserve_rollout_in_progress", "1 while a rolling restart runs.", multiprocess_mode="livemax",
+)
+MODEL_VERSION_CHANGES = Counter(
+    "forkserve_model_version_changes", "Files of a settled version that changed on disk (versions are immutable).",
+    ["model", "version"],
+)
+CONFIG_LAST_RELOAD_SUCCESSFUL = Gauge(
+    "forkserve_config_last_reload_successful",
+    "1 when conf/models.toml as last read is valid, 0 while the master keeps the last good configuration.",
+    multiprocess_mode="livemax",
 )

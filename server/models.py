@@ -9,15 +9,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from server import metrics
 from server.batching import ModelExecutor
-from server.config import ModelConfig, ServerConfig
+from server.config import ConfigError, ModelConfig, ServerConfig
 from server.errors import NotFound, Unavailable
 from server.repository import VersionSource, scan, select_versions
 from server.signature import SignatureInfo
-from server.target import read_failed, read_target
+from server.target import ConfigProblem, describe_problem, failed_reason, read_failed, read_target
 
 log = logging.getLogger("forkserve.models")
 
@@ -71,6 +72,7 @@ class Model:
     name: str
     config: ModelConfig
     versions: dict[int, ModelVersion] = field(default_factory=dict)
+    failed: Callable[[int], str | None] = lambda version: None  # why the master marked a version failed
 
     def available(self) -> list[ModelVersion]:
         """Versions that serve, newest first."""
@@ -89,6 +91,9 @@ class Model:
             raise self._not_serving()
         found = self.versions.get(version)
         if found is None:
+            reason = self.failed(version)
+            if reason is not None:  # never loaded here because a rollout failed it: say so, as the status does
+                raise Unavailable(f"model {self.name} version {version} is {END}: {reason}")
             raise NotFound(f"Servable not found for request: Specific({self.name}, {version})")
         if found.state != AVAILABLE:
             detail = f": {found.error}" if found.error else ""
@@ -109,13 +114,17 @@ class Model:
 class ModelRegistry:
     """Every model this worker serves, by name."""
 
-    def __init__(self, models_dir: Any, config: ServerConfig, run_dir: Any = None) -> None:
+    def __init__(
+        self, models_dir: Path, run_dir: Path | None = None, config: ServerConfig | Callable[[], ServerConfig] | None = None,
+    ) -> None:
         self.models_dir = models_dir
-        self.config = config
         self.run_dir = run_dir
+        self._fallback_config = config  # used only when no master published a target
+        self.config = ServerConfig()
         self.models: dict[str, Model] = {}
         self.loaded = False
         self.generation = ""  # the master's target this worker loaded ("" without a master)
+        self.problem = ""  # why nothing could be loaded (a broken configuration without a master)
 
     def get(self, name: str) -> Model:
         """A model by name, or TF Serving's NotFound."""
@@ -130,35 +139,56 @@ class ModelRegistry:
         target = read_target(self.run_dir) if self.run_dir is not None else None
         plan = []
         if target is None:
+            try:
+                fallback = self._fallback_config
+                self.config = fallback() if callable(fallback) else (fallback or ServerConfig())
+            except ConfigError as exc:  # NOTE: never raise here: a worker boot error halts gunicorn
+                self.problem = str(exc)
+                log.error("forkserve: %s; serving no models", exc)
+                return []
             for name, sources in found.items():
                 candidates, keep = select_versions(sources, self.config.for_model(name))
                 plan.append((name, candidates, keep))
         else:
-            self.generation = target.generation
+            self.config, self.generation = target.config, target.generation
             for name, wanted in target.models.items():
                 by_version = {source.version: source for source in found.get(name, [])}
                 plan.append((name, [by_version[v] for v in wanted.candidates if v in by_version], wanted.keep))
-        return [
-            (self.models.setdefault(name, Model(name, self.config.for_model(name))), candidates, keep)
-            for name, candidates, keep in plan
-        ]
+        return [(self._register(name), candidates, keep) for name, candidates, keep in plan]
+
+    def _register(self, name: str) -> Model:
+        """The model `name`, created on first use with its settings and the master's failed list."""
+        model = self.models.get(name)
+        if model is None:
+            run_dir = self.run_dir
+            lookup = (lambda version: failed_reason(run_dir, name, version)) if run_dir is not None else Model.failed
+            model = self.models[name] = Model(name, self.config.for_model(name), failed=lookup)
+        return model
 
     def statuses(self, name: str) -> list[dict[str, Any]]:
         """model_version_status of every version this worker tried, and of versions a rollout failed."""
         model = self.get(name)
         entries = {v.version: v.status() for v in model.versions.values()}
         if self.run_dir is not None:
-            for version, reason in read_failed(self.run_dir).get(name, {}).items():
-                if int(version) not in entries or model.versions[int(version)].state != AVAILABLE:
-                    entries[int(version)] = {
-                        "version": version,
+            for version, failed in read_failed(self.run_dir).get(name, {}).items():
+                if version not in entries or model.versions[version].state != AVAILABLE:
+                    entries[version] = {
+                        "version": str(version),
                         "state": END,
-                        "status": {"error_code": "UNKNOWN", "error_message": reason},
+                        "status": {"error_code": "UNKNOWN", "error_message": failed.reason},
                     }
         return [entries[v] for v in sorted(entries, reverse=True)]
 
-    def load_all(self, intra_op_threads: int, inter_op_threads: int) -> None:
-        """Load, warm and start every selected version; failures are recorded, never raised."""
+    def load_all(
+        self, intra_op_threads: int, inter_op_threads: int,
+        loading: Callable[[str, int], None] = lambda model, version: None,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Load, warm and start every selected version; failures are recorded, never raised.
+
+        `loading(model, version)` is called before each load (the worker reports its progress);
+        `stopping()` true ends the loading early (the worker was told to exit meanwhile).
+        """
         plan = self.plan()
         if not any(candidates for _, candidates, _ in plan):
             self.loaded = True
@@ -169,10 +199,11 @@ class ModelRegistry:
         for model, candidates, keep in plan:
             loaded = 0
             for source in candidates:
-                if loaded >= keep:
+                if loaded >= keep or stopping():
                     break
                 entry = ModelVersion(source, model.config)
                 model.versions[source.version] = entry
+                loading(model.name, source.version)
                 if self._load_version(entry, runtime):
                     loaded += 1
             if not candidates:
@@ -223,16 +254,29 @@ class ModelRegistry:
         return True
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when loading is over and every model has a version that serves."""
+        """Ready when loading is over and every model has a version that serves.
+
+        Each model's entry names its failed versions and, while conf/models.toml is broken, the
+        configuration problem that affects it (the worker keeps serving with the last good one).
+        """
         report: dict[str, Any] = {}
-        ready = self.loaded
+        ready = self.loaded and not self.problem
+        failed_here = read_failed(self.run_dir) if self.run_dir is not None else {}
+        problem = self._config_problem()
         for name, model in sorted(self.models.items()):
             states = {str(v.version): v.state for v in model.versions.values()}
             failed = {str(v.version): v.error for v in model.versions.values() if v.error}
+            failed.update({str(v): f.reason for v, f in failed_here.get(name, {}).items()})
             serving = [v.version for v in model.available()]
-            if self.run_dir is not None:
-                failed.update(read_failed(self.run_dir).get(name, {}))
-            report[name] = {"serving": serving, "states": states, **({"failed": failed} if failed else {})}
+            report[name] = {"serving": serving, "states": states, **({"failed": failed} if failed else {}),
+                            **describe_problem(problem, name)}
             if not serving:
                 ready = False
         return ready, report
+
+    def _config_problem(self) -> ConfigProblem | None:
+        """What the master says is wrong with conf/models.toml now (None when it is fine)."""
+        if self.problem:
+            return ConfigProblem(self.problem)
+        target = read_target(self.run_dir) if self.run_dir is not None else None
+        return target.config_problem if target is not None else None

@@ -1,35 +1,54 @@
 """The master's repository watcher and readiness-gated rolling restart (no TensorFlow here).
 
-Runs in a thread of the gunicorn master, started by when_ready. Every poll it scans the model
-repository, keeps only version directories whose contents did not change since the previous
-poll (settled), applies the version policies and, when the result differs from what the
-workers serve (or a reload was asked for: `python -m server reload`, or SIGHUP), rolls the
-workers one at a time:
+Runs in one thread of the gunicorn master, started by when_ready. Every poll it re-reads
+conf/models.toml (keeping the last good configuration when the file is broken), scans the
+repository for settled versions (server.scanner), leaves out versions marked failed, applies
+the version policies and, when the result (versions and configuration: the target's
+generation) differs from what the workers run, or a reload was asked for (`python -m server
+reload`, SIGHUP), replaces the workers one at a time:
 
-    TTIN (one more worker) -> wait until it reports the new target loaded and warm ->
-    TTOU (gunicorn retires the oldest worker) -> repeat for every old worker.
+    one more worker -> wait until it reports the new target loaded and warm ->
+    retire the oldest worker of an older target -> repeat until none is left.
 
-A new worker that does not serve the intended versions by the deadline is stopped, the
-versions it could not serve are marked failed (failed.json, metric, log line) and the old
-workers keep serving. Never more than one extra worker at a time. Signals to the master are
-handled by gunicorn's own loop in the main thread; this thread only sends them and waits.
+What one try can end in:
+- the new worker serves every intended version: on to the next old worker.
+- it loaded, but versions new to this target failed: only those are marked failed (reason in
+  failed.json, metric, log), it is withdrawn and the old workers keep serving; the next poll
+  rolls out what is left (the healthy versions).
+- it died or was not ready by the deadline (OOM, a hang): it is withdrawn and the rollout is
+  tried again after a back-off, up to `attempts` times, then given up (metric, log) until the
+  repository or configuration changes or a reload is asked for. Deaths while loading one
+  version count against that version (server.strikes): `attempts` in a row fail it.
+Never more than one extra worker. Signals to the master are handled by gunicorn's loop in the
+main thread; this thread changes the worker count and waits (server.fleet).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from server.config import ConfigError, load_config
-from server.repository import VersionSource, scan
-from server.state import read_worker_states
-from server.target import Target, compute_target, mark_failed, read_failed, write_target
+from server.config import ServerConfig
+from server.config_watch import ConfigWatch
+from server.fleet import Fleet
+from server.repository import VersionSource
+from server.scanner import SettledScanner
+from server.state import WorkerState, read_worker_states
+from server.strikes import Strikes, VersionKey
+from server.target import (
+    FailedVersion,
+    Target,
+    compute_target,
+    read_failed,
+    write_failed,
+    write_target,
+)
 
 log = logging.getLogger("forkserve.rollout")
 
@@ -40,212 +59,376 @@ _metric_writes = threading.Lock()
 os.register_at_fork(before=_metric_writes.acquire, after_in_parent=_metric_writes.release,
                     after_in_child=_metric_writes.release)
 
-
-def tree_signature(path: Path) -> tuple:
-    """What changes when anything under a version directory is written: names, sizes, mtimes."""
-    entries = []
-    for directory, subdirs, files in os.walk(path):
-        subdirs.sort()
-        for name in sorted(files):
-            try:
-                stat = os.stat(os.path.join(directory, name))
-            except FileNotFoundError:
-                continue
-            entries.append((os.path.relpath(os.path.join(directory, name), path), stat.st_size, stat.st_mtime_ns))
-    return tuple(entries)
+SUCCEEDED, VERSIONS_FAILED, WORKER_LOST = "succeeded", "versions failed", "worker lost"
 
 
-class SettledScanner:
-    """Scans the repository and reports only versions unchanged since the previous scan."""
+def record_metric(update: Callable[[Any], object]) -> None:
+    """Apply `update(metrics module)` under the fork lock (master only)."""
+    from server import metrics
 
-    def __init__(self, models_dir: Path) -> None:
-        self.models_dir = models_dir
-        self._previous: dict[Path, tuple] = {}
-
-    def scan(self, trust_all: bool = False) -> dict[str, list[VersionSource]]:
-        """Versions per model; `trust_all` (first start) takes every directory as settled."""
-        found = scan(self.models_dir)
-        current = {source.path: tree_signature(source.path) for sources in found.values() for source in sources}
-        settled = {
-            name: [s for s in sources if trust_all or self._previous.get(s.path) == current[s.path]]
-            for name, sources in found.items()
-        }
-        self._previous = current
-        return {name: sources for name, sources in settled.items() if sources or not found[name]}
+    with _metric_writes:
+        metrics.record(lambda: update(metrics))
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutSettings:
     """Knobs of the controller, from Settings."""
 
     poll_interval: float
     boot_timeout: float
+    graceful_timeout: float
+    attempts: int = 3
+    backoff: float = 5.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one try to bring a new worker up ended."""
+
+    kind: str
+    detail: str = ""
+    failed: dict[VersionKey, str] = field(default_factory=dict)  # VERSIONS_FAILED: version -> reason
+    pid: int | None = None  # the new worker
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """A worker the master reaped, and the version it was loading when it went (None: not loading)."""
+
+    reason: str  # "graceful", "timeout" (gunicorn's heartbeat) or "killed"
+    loading: VersionKey | None
 
 
 class RolloutController:
     """Watcher and rolling restart, in one thread of the master."""
 
-    def __init__(self, arbiter: Any, models_dir: Path, conf_path: Path, run_dir: Path, knobs: RolloutSettings) -> None:
-        self.arbiter = arbiter
-        self.models_dir = models_dir
-        self.conf_path = conf_path
+    def __init__(
+        self, arbiter: Any, models_dir: Path, conf_path: Path, run_dir: Path, knobs: RolloutSettings,
+        config: ServerConfig,
+    ) -> None:
+        self.fleet = Fleet(arbiter)
         self.run_dir = run_dir
         self.knobs = knobs
-        self.scanner = SettledScanner(models_dir)
-        self.config = load_config(conf_path)
+        self.config = ConfigWatch(conf_path, config, lambda ok: record_metric(
+            lambda m: m.CONFIG_LAST_RELOAD_SUCCESSFUL.set(1 if ok else 0)))
+        self.scanner = SettledScanner(models_dir, self._settled_version_changed)
+        self.strikes = Strikes(knobs.attempts)
         self.settled: dict[str, list[VersionSource]] = {}
-        self.current = self._desired(trust_all=True, reason="start")
+        self._lock = threading.Lock()  # guards the fields below, shared with the main thread
+        self._reloads_requested = 0
+        self._reloads_handled = 0
+        self._exits: dict[int, WorkerExit] = {}
+        self._stopping = threading.Event()
         self._wake = threading.Event()
-        self._reload_requested = False
-        self._stopping = False
+        self._given_up = ""  # generation a rollout gave up on: not retried until something changes
+        self._published_problem = self.config.problem
+        self.current = self._desired("start", trust_all=True)
         self._thread = threading.Thread(target=self._loop, name="forkserve-rollout", daemon=True)
 
     # --- called from gunicorn hooks (master main thread) ---
 
     def publish_initial_target(self) -> None:
         """Before the first workers fork: they load exactly this."""
-        write_target(self.run_dir, self.current)
+        self._publish(self.current)
 
     def start(self) -> None:
         self._thread.start()
 
     def request_reload(self, why: str) -> None:
-        """Roll every worker even if the target did not change (HUP, `python -m server reload`)."""
+        """Replace every worker even if the target did not change (HUP, `python -m server reload`)."""
         log.info("forkserve: rolling restart requested (%s)", why)
-        self._reload_requested = True
+        with self._lock:
+            self._reloads_requested += 1  # NOTE: a count, not a flag: a request during a pass is never lost
         self._wake.set()
 
+    def worker_exited(self, pid: int, reason: str) -> None:
+        """child_exit, before the worker's state file goes: remember where it was."""
+        state = read_worker_states(self.run_dir).get(pid)
+        loading = state.loading if state is not None and not state.loaded else None
+        with self._lock:
+            self._exits[pid] = WorkerExit(reason, loading)
+        if loading is not None and reason != "graceful":
+            self._wake.set()
+
     def stop(self) -> None:
-        self._stopping = True
+        self._stopping.set()
         self._wake.set()
 
     # --- the thread ---
 
     def _loop(self) -> None:
         """Poll, and roll when the target changed or a reload was asked for."""
-        while not self._stopping:
+        while not self._stopping.is_set():
             self._wake.wait(self.knobs.poll_interval)
             self._wake.clear()
-            if self._stopping:
+            if self._stopping.is_set():
                 return
             try:
-                desired = self._desired(trust_all=False, reason="repository changed")
-                forced, self._reload_requested = self._reload_requested, False
-                if forced or desired.generation != self.current.generation:
-                    self._roll(desired if not forced else Target(desired.models, "reload"))
+                self.poll()
             except Exception:  # NOTE: the watcher must outlive any bug in one pass
                 log.exception("forkserve: rollout pass failed; old workers keep serving")
 
-    def _desired(self, trust_all: bool, reason: str) -> Target:
-        """What the policies select now from settled versions, minus failed ones."""
-        try:
-            self.config = load_config(self.conf_path)
-        except ConfigError as exc:
-            log.error("forkserve: %s; keeping the previous configuration", exc)
+    def poll(self) -> None:
+        """One pass: count deaths, re-read the configuration and the repository, roll if needed."""
+        with self._lock:
+            forced = self._reloads_requested != self._reloads_handled
+            self._reloads_handled = self._reloads_requested
+        self._count_deaths({})
+        desired = self._desired("reload" if forced else "repository or configuration changed")
+        if not forced and desired.generation == self.current.generation:
+            if self.config.problem != self._published_problem:
+                self._publish(self.current)  # workers show the problem in /readyz
+            return
+        if not forced and desired.generation == self._given_up:
+            return
+        self._roll(desired, everyone=forced)
+
+    def _desired(self, reason: str, trust_all: bool = False) -> Target:
+        """What the policies select now from settled, not failed versions, with the accepted configuration."""
+        config = self.config.refresh()
         self.settled = self.scanner.scan(trust_all)
-        return compute_target(self.settled, self.config, read_failed(self.run_dir), reason)
+        failed = read_failed(self.run_dir)
+        usable = {
+            name: [s for s in sources if not self._is_failed(s, failed)]
+            for name, sources in self.settled.items()
+        }
+        return compute_target(usable, config, reason)
 
-    def _worker_pids(self) -> list[int]:
-        """The arbiter's workers, oldest first (read from another thread: copy, retry on change)."""
-        while True:
-            try:
-                workers = list(self.arbiter.WORKERS.items())
-                return [pid for pid, worker in sorted(workers, key=lambda item: item[1].age)]
-            except RuntimeError:
-                continue
+    def _is_failed(self, source: VersionSource, failed: dict[str, dict[int, FailedVersion]]) -> bool:
+        """Marked failed with the content the directory still has."""
+        entry = failed.get(source.model, {}).get(source.version)
+        return entry is not None and entry.content in ("", self.scanner.content_key(source.path))
 
-    def _roll(self, target: Target) -> None:
-        """Replace every worker of the previous target by one of the new, one at a time."""
-        from server import metrics
-
-        with _metric_writes:
-            metrics.record(lambda: metrics.ROLLOUT_IN_PROGRESS.set(1))
-        try:
-            result = self._roll_workers(target)
-        finally:
-            with _metric_writes:
-                metrics.record(lambda: metrics.ROLLOUT_IN_PROGRESS.set(0))
-                metrics.record(lambda: metrics.ROLLOUTS.labels(result).inc())
-
-    def _roll_workers(self, target: Target) -> str:
-        """The rollout itself; returns "succeeded" or "failed"."""
-        started = time.monotonic()
-        previous = self.current
-        log.info(
-            "forkserve: rollout %s -> %s (%s): %s", previous.generation, target.generation, target.reason, target.intended()
+    def _settled_version_changed(self, source: VersionSource, what: str) -> bool:
+        """The scanner saw a settled version's files change: a failed one is retried once settled; others are reported."""
+        if source.version in read_failed(self.run_dir).get(source.model, {}):
+            log.info("forkserve: files of failed model %s version %s changed (%s); it is tried again once they settle",
+                     source.model, source.version, what)
+            return True
+        log.warning(
+            "forkserve: model %s version %s changed on disk after it settled (%s); versions are immutable: "
+            "running workers keep the files they loaded, workers started later load the changed ones; "
+            "publish a new version instead", source.model, source.version, what,
         )
-        write_target(self.run_dir, target)
-        for old_pid in self._worker_pids():
-            if old_pid not in self._worker_pids():
-                continue  # it exited on its own meanwhile; gunicorn's replacement loaded the new target
-            new_pid, problem = self._start_new_worker(target)
-            if problem:
-                self._abort(target, previous, new_pid, problem)
-                return "failed"
-            self._retire_oldest(old_pid)
-        self.current = target
-        log.info("forkserve: rollout to %s finished in %.1fs", target.generation, time.monotonic() - started)
-        return "succeeded"
+        record_metric(lambda m: m.MODEL_VERSION_CHANGES.labels(source.model, str(source.version)).inc())
+        return False
 
-    def _start_new_worker(self, target: Target) -> tuple[int | None, str]:
-        """TTIN, then wait for the new worker's state; (pid, "") when it serves the target."""
-        before = set(self._worker_pids())
-        os.kill(os.getpid(), signal.SIGTTIN)
+    def _publish(self, target: Target) -> None:
+        """Write the target with the configuration problem of the moment."""
+        self._published_problem = self.config.problem
+        write_target(self.run_dir, dataclasses.replace(target, config_problem=self.config.problem))
+
+    # --- one rollout ---
+
+    def _roll(self, target: Target, everyone: bool) -> None:
+        """Bring every worker to `target`, retrying a worker that died; record the result."""
+        record_metric(lambda m: m.ROLLOUT_IN_PROGRESS.set(1))
+        result = "failed"
+        try:
+            result = self._try(target, everyone)
+        finally:
+            record_metric(lambda m: m.ROLLOUT_IN_PROGRESS.set(0))
+            record_metric(lambda m: m.ROLLOUTS.labels(result).inc())
+
+    def _try(self, target: Target, everyone: bool) -> str:
+        """The rollout with its retries; returns "succeeded", "failed" or "gave_up"."""
+        previous = self.current
+        started = time.monotonic()
+        log.info("forkserve: rollout %s -> %s (%s): %s", previous.generation, target.generation, target.reason,
+                 target.intended())
+        self._publish(target)
+        must_go = set(self.fleet.pids()) if everyone else set()
+        new_versions = _new_versions(target, previous)
+        for attempt in range(1, self.knobs.attempts + 1):
+            outcome = self._replace_workers(target, must_go)
+            if outcome.kind == SUCCEEDED:
+                self.current, self._given_up = target, ""
+                log.info("forkserve: rollout to %s finished in %.1fs", target.generation, time.monotonic() - started)
+                return "succeeded"
+            if outcome.kind == VERSIONS_FAILED:
+                log.error("forkserve: rollout to %s aborted, old workers keep serving: %s", target.generation, outcome.detail)
+                self._mark_failed(outcome.failed)
+                self._fall_back(previous)
+                return "failed"
+            blamed = self._count_deaths({outcome.pid: outcome.detail} if outcome.pid else {})
+            if blamed & new_versions:
+                log.error("forkserve: rollout to %s aborted, old workers keep serving: %s", target.generation, outcome.detail)
+                self._fall_back(previous)
+                return "failed"
+            if attempt < self.knobs.attempts:
+                delay = self.knobs.backoff * 2 ** (attempt - 1)
+                log.warning("forkserve: rollout to %s, try %d of %d: %s; trying again in %.0fs", target.generation,
+                            attempt, self.knobs.attempts, outcome.detail, delay)
+                record_metric(lambda m: m.ROLLOUT_RETRIES.inc())
+                if self._stopping.wait(delay):
+                    break
+            else:
+                log.error("forkserve: rollout to %s gave up after %d tries, old workers keep serving: %s",
+                          target.generation, attempt, outcome.detail)
+        self._given_up = target.generation
+        self._fall_back(previous)
+        return "gave_up"
+
+    def _fall_back(self, previous: Target) -> None:
+        """After a failed rollout: workers started from now on load what the old workers run."""
+        self.current = previous
+        self._publish(previous)
+        ahead = [pid for pid, state in read_worker_states(self.run_dir).items()
+                 if state.generation not in ("", previous.generation) and pid in self.fleet.pids()]
+        if ahead:
+            log.warning("forkserve: workers %s already run the abandoned target until the next rollout", ahead)
+
+    def _replace_workers(self, target: Target, must_go: set[int]) -> Outcome:
+        """Replace, oldest first, every worker that runs another target (or is in `must_go`)."""
+        waited_since = time.monotonic()
+        while not self._stopping.is_set():
+            states = read_worker_states(self.run_dir)
+            pids = self.fleet.pids()
+            must_go &= set(pids)
+            stale = [p for p in pids if p in must_go or (p in states and states[p].generation != target.generation)]
+            if stale:
+                outcome = self._replace(stale[0], target)
+                must_go.discard(stale[0])
+                if outcome.kind != SUCCEEDED:
+                    return outcome
+                waited_since = time.monotonic()
+                continue
+            booting = [p for p in pids if p not in states]  # forked by gunicorn, not reported yet
+            if not booting:
+                return Outcome(SUCCEEDED)
+            if time.monotonic() - waited_since > self.knobs.boot_timeout:
+                return Outcome(WORKER_LOST, f"workers {booting} did not report within {self.knobs.boot_timeout:.0f}s")
+            time.sleep(0.2)
+        return Outcome(WORKER_LOST, "the master is stopping")
+
+    def _replace(self, old_pid: int, target: Target) -> Outcome:
+        """One more worker; once it serves the target, retire `old_pid`, else withdraw it."""
+        before = self.fleet.add_worker()
+        try:
+            outcome, loaded = self._await_new_worker(before, target)
+        except BaseException:  # NOTE: never leave the extra worker behind (the count stays raised for ever)
+            self.fleet.withdraw(before, kill=True)
+            raise
+        if outcome.kind == SUCCEEDED:
+            self.fleet.retire(old_pid)
+            left = self.fleet.wait_gone([old_pid], self.knobs.graceful_timeout + 10)
+        else:
+            # A worker that never finished loading accepted no connection: nothing to drain.
+            extras = self.fleet.withdraw(before, kill=not loaded)
+            left = self.fleet.wait_gone(extras, self.knobs.graceful_timeout + 10 if loaded else 10)
+        if left:
+            log.warning("forkserve: workers %s did not stop in time; killing them", left)
+            self.fleet.kill(left)
+        if outcome.kind != SUCCEEDED:
+            self._await_exit_records(set(extras) - set(left), 2.0)
+        return outcome
+
+    def _await_exit_records(self, pids: set[int], timeout: float) -> None:
+        """Give child_exit (main thread) a moment to record workers the arbiter just reaped."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if pids <= set(self._exits):
+                    return
+            time.sleep(0.05)
+
+    def _await_new_worker(self, before: set[int], target: Target) -> tuple[Outcome, bool]:
+        """Wait for the worker forked after `before`: (outcome, whether it finished loading)."""
         deadline = time.monotonic() + self.knobs.boot_timeout
-        new_pid = None
-        while time.monotonic() < deadline and not self._stopping:
+        new_pid: int | None = None
+        state: WorkerState | None = None
+        while not self._stopping.is_set():
+            pids = self.fleet.pids()
             if new_pid is None:
-                fresh = set(self._worker_pids()) - before
+                fresh = set(pids) - before
                 new_pid = min(fresh) if fresh else None
-            elif new_pid not in self._worker_pids():
-                return new_pid, f"new worker {new_pid} exited while loading"
+            elif new_pid not in pids:
+                return Outcome(WORKER_LOST, self._describe_exit(new_pid, state), pid=new_pid), False
             else:
                 state = read_worker_states(self.run_dir).get(new_pid)
-                if state is not None and state.get("generation") == target.generation:
-                    return new_pid, self._serving_problem(state, target)
+                if state is not None and state.loaded:
+                    if state.generation != target.generation:
+                        return Outcome(WORKER_LOST, f"new worker {new_pid} loaded {state.generation!r}", pid=new_pid), True
+                    return self._verdict(new_pid, state, target), True
+            if time.monotonic() > deadline:
+                where = f" (loading {state.loading[0]} version {state.loading[1]})" if state and state.loading else ""
+                return Outcome(WORKER_LOST, f"new worker {new_pid} was not ready within "
+                                            f"{self.knobs.boot_timeout:.0f}s{where}", pid=new_pid), False
             time.sleep(0.2)
-        return new_pid, f"new worker {new_pid} was not ready within {self.knobs.boot_timeout:.0f}s"
+        return Outcome(WORKER_LOST, "the master is stopping"), False
 
-    @staticmethod
-    def _serving_problem(state: dict, target: Target) -> str:
-        """'' when the worker serves every intended version, else which ones it does not and why."""
-        problems = []
+    def _describe_exit(self, pid: int, state: WorkerState | None) -> str:
+        """Why a new worker is gone, from what child_exit recorded (it may lag the pid's removal a little)."""
+        self._await_exit_records({pid}, 2.0)
+        with self._lock:
+            gone = self._exits.get(pid) or WorkerExit("killed", state.loading if state else None)
+        where = f" while loading {gone.loading[0]} version {gone.loading[1]}" if gone.loading else ""
+        return f"new worker {pid} exited{where} ({gone.reason})"
+
+    def _verdict(self, pid: int, state: WorkerState, target: Target) -> Outcome:
+        """SUCCEEDED when the worker serves every intended version, else which versions failed and why."""
+        failed, missing = {}, []
+        new_versions = _new_versions(target, self.current)
         for model, versions in target.intended().items():
-            serving = state.get("serving", {}).get(model, [])
-            errors = state.get("models", {}).get(model, {}).get("failed", {})
+            report = state.models.get(model)
             for version in versions:
-                if version not in serving:
-                    problems.append(f"{model} version {version}: {errors.get(str(version), 'not serving')}")
-        return "; ".join(problems)
+                if report is not None and version in report.serving:
+                    continue
+                reason = report.failed.get(version, "not serving") if report is not None else "not loaded"
+                if (model, version) in new_versions:
+                    failed[(model, version)] = f"rollout aborted: new worker {pid}: {reason}"
+                else:
+                    missing.append(f"{model} version {version} (served by the old workers): {reason}")
+        if failed:
+            detail = "; ".join(f"{m} version {v}: {why}" for (m, v), why in sorted(failed.items()))
+            return Outcome(VERSIONS_FAILED, detail, failed, pid)
+        if missing:
+            return Outcome(WORKER_LOST, f"new worker {pid} could not load " + "; ".join(missing), pid=pid)
+        return Outcome(SUCCEEDED, pid=pid)
 
-    def _retire_oldest(self, old_pid: int) -> None:
-        """TTOU: gunicorn stops its oldest worker gracefully; wait until the master reaped it."""
-        os.kill(os.getpid(), signal.SIGTTOU)
-        deadline = time.monotonic() + self.arbiter.cfg.graceful_timeout + 10
-        while old_pid in self._worker_pids() and time.monotonic() < deadline:
-            time.sleep(0.1)
+    # --- failures ---
 
-    def _abort(self, target: Target, previous: Target, new_pid: int | None, problem: str) -> None:
-        """Stop the new worker, mark what it could not serve as failed, keep the old workers."""
-        from server import metrics
+    def _count_deaths(self, details: dict[int, str]) -> set[VersionKey]:
+        """Count recorded deaths against the versions being loaded; mark those at the limit failed."""
+        with self._lock:
+            exits, self._exits = self._exits, {}
+        served = self._served_versions()
+        for version in served:
+            self.strikes.clear(version)
+        blamed: dict[VersionKey, str] = {}
+        for pid, gone in sorted(exits.items()):
+            if gone.loading is None or gone.reason == "graceful" or gone.loading in served:
+                continue
+            if self.strikes.add(gone.loading, details.get(pid, f"worker {pid} {gone.reason}")):
+                blamed[gone.loading] = self.strikes.verdict(gone.loading)
+        self._mark_failed(blamed)
+        return set(blamed)
 
-        log.error("forkserve: rollout to %s aborted, old workers keep serving: %s", target.generation, problem)
-        if new_pid is not None and new_pid in self._worker_pids():
-            # NOTE: TTOU stops the worker with the lowest age; make the new one the "oldest".
-            self.arbiter.WORKERS[new_pid].age = -1
-            os.kill(os.getpid(), signal.SIGTTOU)
-            deadline = time.monotonic() + 10  # a worker stuck in a load does not see SIGTERM
-            while new_pid in self._worker_pids() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if new_pid in self._worker_pids():  # stuck loading: gunicorn's graceful stop cannot reach it
-                os.kill(new_pid, signal.SIGKILL)
-        old_intended = previous.intended()
-        for model, versions in target.intended().items():
-            for version in versions:
-                if version not in old_intended.get(model, []):
-                    mark_failed(self.run_dir, model, version, f"rollout aborted: {problem}")
-                    with _metric_writes:
-                        metrics.record(lambda m=model, v=version: metrics.ROLLOUT_FAILED_VERSIONS.labels(m, str(v)).inc())
-        # The target without the failed versions: workers that start later load what the old ones serve.
-        self.current = compute_target(self.settled, self.config, read_failed(self.run_dir), "after aborted rollout")
-        write_target(self.run_dir, self.current)
+    def _served_versions(self) -> set[VersionKey]:
+        """Versions some live, loaded worker serves."""
+        live = set(self.fleet.pids())
+        return {
+            (model, version)
+            for pid, state in read_worker_states(self.run_dir).items() if pid in live and state.loaded
+            for model, report in state.models.items() for version in report.serving
+        }
+
+    def _mark_failed(self, reasons: dict[VersionKey, str]) -> None:
+        """Remember versions that must not be served (with their content now), and tell."""
+        if not reasons:
+            return
+        failed = read_failed(self.run_dir)
+        paths = {(s.model, s.version): s.path for sources in self.settled.values() for s in sources}
+        for (model, version), reason in sorted(reasons.items()):
+            content = self.scanner.content_key(paths[(model, version)]) if (model, version) in paths else ""
+            failed.setdefault(model, {})[version] = FailedVersion(reason, content)
+            self.strikes.clear((model, version))
+            log.error("forkserve: model %s version %s marked failed: %s", model, version, reason)
+            record_metric(lambda m, k=(model, str(version)): m.ROLLOUT_FAILED_VERSIONS.labels(*k).inc())
+        write_failed(self.run_dir, failed)
+
+
+def _new_versions(target: Target, previous: Target) -> set[VersionKey]:
+    """Versions `target` serves that `previous` did not."""
+    before = previous.intended()
+    return {(m, v) for m, versions in target.intended().items() for v in versions if v not in before.get(m, [])}

@@ -66,6 +66,9 @@ def _pin_mode(raw: str) -> str:
     return mode
 
 
+_current: "Settings | None" = None
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything forkserve reads from its environment, resolved once."""
@@ -87,6 +90,9 @@ class Settings:
     poll_interval: float  # seconds between repository scans in the master
     boot_timeout: float  # seconds a new worker has to load and warm up during a rollout
     pin_cpus: str  # "auto", "on" or "off": each worker on its own CPUs (FORKSERVE_PIN_CPUS=auto|1|0)
+    rollout_attempts: int  # tries of a rollout whose new worker died or timed out, and deaths that fail a version
+    rollout_backoff: float  # seconds before the second try; doubled for each later one
+    client_timeout: float  # seconds a client may stay silent in the middle of a request (body or headers)
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -113,7 +119,22 @@ class Settings:
             poll_interval=_env_seconds("FORKSERVE_POLL_INTERVAL", 2.0),
             boot_timeout=_env_seconds("FORKSERVE_BOOT_TIMEOUT", 300.0),
             pin_cpus=_pin_mode(os.environ.get("FORKSERVE_PIN_CPUS", "auto")),
+            rollout_attempts=_env_int("FORKSERVE_ROLLOUT_ATTEMPTS", 3) or 1,
+            rollout_backoff=_env_seconds("FORKSERVE_ROLLOUT_BACKOFF", 5.0),
+            client_timeout=_env_seconds("FORKSERVE_CLIENT_TIMEOUT", 15.0),
         )
+
+    @classmethod
+    def current(cls) -> "Settings":
+        """This process's settings, resolved once (a worker inherits the master's through fork).
+
+        NOTE: resolved in the master before any worker is pinned, so `cpus` is the whole machine's
+        count in every process; a pinned worker's own affinity mask would say one slot's.
+        """
+        global _current
+        if _current is None:
+            _current = cls.from_env()
+        return _current
 
     def export(self) -> None:
         """Master only: pin derived paths in the environment so forked workers agree with it.

@@ -1,9 +1,14 @@
-"""What the fleet should serve: the master writes it, every worker loads exactly it (no TF here).
+"""What the fleet should serve, and what must never be served (no TensorFlow here).
 
-`<run_dir>/target.json` lists, per model, the versions to try newest first and how many to keep
-(the version policy applied to settled directories, minus versions marked failed). Its
-`generation` names the content, so a worker's state file can say which target it loaded.
-`<run_dir>/failed.json` holds the versions a rollout marked failed, with the reason.
+`<run_dir>/target.json` (master writes, workers read at boot) lists per model the versions to
+try newest first and how many to keep, with the configuration the master accepted. Its
+`generation` names the versions and the configuration together: an edit to conf/models.toml
+is a new generation and rolls the workers like a new version does. A worker never reads
+conf/models.toml itself, so the fleet never runs two configurations once a rollout is over.
+
+`<run_dir>/failed.json` (master writes) holds versions that must not be served, with the reason
+and the content (names and sizes of their files) they had when they failed: a version whose
+files change afterwards (a copy that completes) is tried again once it settles.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from server.config import ServerConfig
+from server.config import ConfigError, ServerConfig, parse_config
 from server.repository import VersionSource, select_versions
 from server.state import read_json, write_json
 
@@ -35,16 +41,33 @@ class ModelTarget:
 
 
 @dataclass(frozen=True)
+class ConfigProblem:
+    """conf/models.toml as the master last read it could not be used: which models it affects."""
+
+    message: str
+    model: str | None = None  # None: the whole file
+
+    def affects(self, model: str) -> bool:
+        return self.model is None or self.model == model
+
+
+@dataclass(frozen=True)
 class Target:
     """The whole fleet's target."""
 
     models: dict[str, ModelTarget] = field(default_factory=dict)
+    config: ServerConfig = field(default_factory=ServerConfig)
     reason: str = ""
+    config_problem: ConfigProblem | None = None  # reported, never part of the generation
 
     @property
     def generation(self) -> str:
         """A short name for the content (equal targets have equal generations)."""
-        content = json.dumps({m: [list(t.candidates), t.keep] for m, t in sorted(self.models.items())})
+        content = json.dumps(
+            {"models": {m: [list(t.candidates), t.keep] for m, t in sorted(self.models.items())},
+             "config": self.config.source},
+            sort_keys=True,
+        )
         return hashlib.sha256(content.encode()).hexdigest()[:12]
 
     def intended(self) -> dict[str, list[int]]:
@@ -53,47 +76,89 @@ class Target:
 
 
 def compute_target(
-    versions: dict[str, list[VersionSource]], config: ServerConfig, failed: dict[str, dict[str, str]], reason: str = ""
+    versions: dict[str, list[VersionSource]], config: ServerConfig, reason: str = "",
+    config_problem: ConfigProblem | None = None,
 ) -> Target:
-    """Apply each model's version policy to its (settled) versions, skipping failed ones."""
+    """Apply each model's version policy to its usable (settled, not failed) versions."""
     models = {}
     for name, sources in sorted(versions.items()):
-        usable = [s for s in sources if str(s.version) not in failed.get(name, {})]
-        candidates, keep = select_versions(usable, config.for_model(name))
+        candidates, keep = select_versions(sources, config.for_model(name))
         models[name] = ModelTarget(tuple(s.version for s in candidates), keep)
-    return Target(models, reason)
+    return Target(models, config, reason, config_problem)
 
 
 def write_target(run_dir: Path, target: Target) -> None:
     """Master: publish the target that workers started from now on load."""
-    data = {
+    problem = target.config_problem
+    write_json(run_dir / TARGET_FILE, {
         "generation": target.generation,
         "reason": target.reason,
         "models": {m: {"candidates": list(t.candidates), "keep": t.keep} for m, t in target.models.items()},
-    }
-    write_json(run_dir / TARGET_FILE, data)
+        "config": target.config.source,
+        "config_problem": None if problem is None else {"message": problem.message, "model": problem.model},
+    })
 
 
 def read_target(run_dir: Path) -> Target | None:
-    """Worker: the target to load, or None when the master published none."""
+    """Worker: the target to load, or None when the master published none (or an unreadable one)."""
     data = read_json(run_dir / TARGET_FILE)
     if not isinstance(data, dict):
         return None
-    models = {
-        name: ModelTarget(tuple(int(v) for v in entry["candidates"]), int(entry["keep"]))
-        for name, entry in data.get("models", {}).items()
-    }
-    return Target(models, data.get("reason", ""))
+    try:
+        models = {
+            name: ModelTarget(tuple(int(v) for v in entry["candidates"]), int(entry["keep"]))
+            for name, entry in data.get("models", {}).items()
+        }
+        problem = data.get("config_problem")
+        return Target(
+            models,
+            parse_config(data.get("config") or {}),
+            data.get("reason", ""),
+            ConfigProblem(problem["message"], problem.get("model")) if problem else None,
+        )
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return None
 
 
-def read_failed(run_dir: Path) -> dict[str, dict[str, str]]:
-    """Versions marked failed by a rollout: {model: {version: reason}}."""
+@dataclass(frozen=True)
+class FailedVersion:
+    """A version that must not be served: why, and the content it had when it failed."""
+
+    reason: str
+    content: str = ""  # content_key() of its directory then; "" matches any content
+
+
+def read_failed(run_dir: Path) -> dict[str, dict[int, FailedVersion]]:
+    """Versions marked failed: {model: {version: FailedVersion}}."""
     data = read_json(run_dir / FAILED_FILE)
-    return data if isinstance(data, dict) else {}
+    failed: dict[str, dict[int, FailedVersion]] = {}
+    if not isinstance(data, dict):
+        return failed
+    for model, versions in data.items():
+        if isinstance(versions, dict):
+            failed[model] = {
+                int(v): FailedVersion(str(entry.get("reason", "")), str(entry.get("content", "")))
+                for v, entry in versions.items() if isinstance(entry, dict) and v.isdigit()
+            }
+    return failed
 
 
-def mark_failed(run_dir: Path, model: str, version: int, reason: str) -> None:
-    """Master: remember that a version must not be served, and why."""
-    failed = read_failed(run_dir)
-    failed.setdefault(model, {})[str(version)] = reason
-    write_json(run_dir / FAILED_FILE, failed)
+def write_failed(run_dir: Path, failed: dict[str, dict[int, FailedVersion]]) -> None:
+    """Master: replace the failed versions (only the master writes this file)."""
+    write_json(run_dir / FAILED_FILE, {
+        model: {str(v): {"reason": f.reason, "content": f.content} for v, f in versions.items()}
+        for model, versions in failed.items() if versions
+    })
+
+
+def failed_reason(run_dir: Path, model: str, version: int) -> str | None:
+    """Worker: why a version was marked failed, or None."""
+    entry = read_failed(run_dir).get(model, {}).get(version)
+    return None if entry is None else entry.reason
+
+
+def describe_problem(problem: ConfigProblem | None, model: str) -> dict[str, Any]:
+    """The config problem of `model` for a status report ({} when there is none)."""
+    if problem is None or not problem.affects(model):
+        return {}
+    return {"config_error": f"{problem.message} (serving with the last good configuration)"}

@@ -87,8 +87,8 @@ class Server:
         return self
 
     def worker_pids(self) -> list[int]:
-        """Live workers that published their state (that is: finished loading)."""
-        return sorted(pid for pid in read_worker_states(self.run_dir) if pid_alive(pid))
+        """Live workers that finished loading (and so accept requests)."""
+        return sorted(pid for pid, state in read_worker_states(self.run_dir).items() if state.loaded and pid_alive(pid))
 
     def wait_reaped(self, pid: int, timeout: float = 30.0) -> None:
         """Wait until the master has handled the worker's exit (child_exit removed its state file)."""

@@ -27,8 +27,8 @@ def test_a_model_that_hangs_while_loading_is_stopped_by_the_rollout_deadline(mod
         index.unlink()
         os.mkfifo(index)  # reading it blocks forever: the load hangs
         os.rename(staging, repo / "hp" / "2")
-        wait_until(lambda: "2" in read_failed(server.run_dir).get("hp", {}), 90, "the hung version to be marked failed")
-        assert "not ready within 15s" in read_failed(server.run_dir)["hp"]["2"]
+        wait_until(lambda: 2 in read_failed(server.run_dir).get("hp", {}), 90, "the hung version to be marked failed")
+        assert "not ready within 15s" in read_failed(server.run_dir)["hp"][2].reason
         wait_until(lambda: server.worker_pids() == before, 30, "the stuck worker to be gone")
         answer = server.post("/v1/models/hp:predict", json={"instances": [1.0]})
         assert answer.json() == {"predictions": [2.5]} and answer.headers["X-Model-Version"] == "1"

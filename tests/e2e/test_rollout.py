@@ -44,7 +44,7 @@ def fleet(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def _serving(server: Server) -> dict[int, list[int]]:
     """pid -> versions of mlp each live worker serves."""
-    return {pid: state.get("serving", {}).get("mlp", []) for pid, state in read_worker_states(server.run_dir).items()
+    return {pid: state.serving("mlp") for pid, state in read_worker_states(server.run_dir).items()
             if pid in server.worker_pids()}
 
 
@@ -76,7 +76,7 @@ def test_rollouts_under_traffic_fail_no_request(fleet: tuple[Server, Nginx], mod
         staging.mkdir()
         (staging / "model.keras").write_bytes(good[: len(good) // 3] + os.urandom(512))
         os.rename(staging, server.models_dir / "mlp" / "3")
-        wait_until(lambda: "3" in read_failed(server.run_dir).get("mlp", {}), 120, "version 3 to be marked failed")
+        wait_until(lambda: 3 in read_failed(server.run_dir).get("mlp", {}), 120, "version 3 to be marked failed")
         wait_until(lambda: _all_serve(server, [2]), 60, "the fleet back to 2 workers on version 2")
 
         # (c) SIGHUP: every worker is replaced, readiness-gated.

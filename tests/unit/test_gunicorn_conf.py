@@ -17,7 +17,7 @@ print(json.dumps({
     "bind": conf["bind"], "workers": conf["workers"], "worker_class": conf["worker_class"],
     "threads": conf["threads"], "preload_app": conf["preload_app"], "cpus": len(os.sched_getaffinity(0)),
     "heavy": sorted(m for m in ("tensorflow", "keras", "tf_keras") if m in sys.modules),
-    "hooks": sorted(k for k in ("on_starting", "when_ready", "post_fork", "post_worker_init", "worker_exit", "child_exit", "on_exit") if callable(conf.get(k))),
+    "hooks": sorted(k for k in ("on_starting", "when_ready", "pre_fork", "post_fork", "post_worker_init", "worker_exit", "child_exit", "on_exit", "pre_request", "post_request", "worker_int", "worker_abort", "pre_exec", "nworkers_changed") if callable(conf.get(k))),
 }))
 """
 
@@ -34,9 +34,11 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
     conf = _load({}, tmp_path)
     assert conf["bind"] == ["127.0.0.1:8000"]
     assert conf["workers"] == conf["cpus"]
-    assert conf["worker_class"] == "gthread" and conf["threads"] >= 4
+    assert conf["worker_class"] == "server.gthread_worker.ForkserveWorker" and conf["threads"] >= 4
     assert conf["preload_app"] is False
-    assert conf["hooks"] == ["child_exit", "on_exit", "on_starting", "post_fork", "post_worker_init", "when_ready", "worker_exit"]
+    assert conf["hooks"] == [
+        "child_exit", "on_exit", "on_starting", "post_fork", "post_worker_init", "pre_fork", "when_ready", "worker_exit",
+    ]
 
 
 def test_master_config_imports_no_tensorflow(tmp_path: Path) -> None:

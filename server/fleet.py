@@ -1,0 +1,94 @@
+"""The gunicorn arbiter as the rollout thread drives it: list, add and retire workers (master, no TensorFlow).
+
+NOTE: the rollout thread changes the arbiter's `num_workers` and worker ages and then wakes the
+arbiter's loop, whose manage_workers forks or stops workers to match; that is what gunicorn's
+own TTIN/TTOU handlers do in the main thread. Doing it here instead of sending TTIN/TTOU lets
+the thread say which worker goes (manage_workers stops the lowest age first) and restore the
+count exactly when a new worker died, instead of leaving gunicorn to respawn it for ever.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any, Iterable
+
+RETIRING_AGE = -1  # below every age gunicorn gives: manage_workers stops such a worker first
+
+
+class Fleet:
+    """The arbiter's workers, from the master's rollout thread."""
+
+    def __init__(self, arbiter: Any) -> None:
+        self.arbiter = arbiter
+
+    def pids(self) -> list[int]:
+        """The arbiter's workers, oldest first (its dict changes under us: copy, retry on change)."""
+        while True:
+            try:
+                workers = list(self.arbiter.WORKERS.items())
+            except RuntimeError:
+                continue
+            return [pid for pid, worker in sorted(workers, key=lambda item: item[1].age)]
+
+    def add_worker(self) -> set[int]:
+        """One worker more than now; returns the workers there were before it."""
+        before = set(self.pids())
+        self.arbiter.num_workers += 1
+        self.arbiter.wakeup()
+        return before
+
+    def retire(self, pid: int) -> None:
+        """Stop `pid` gracefully (it finishes its requests) and lower the count by one."""
+        self._mark_retiring([pid])
+        self.arbiter.num_workers -= 1
+        self.arbiter.wakeup()
+
+    def withdraw(self, before: set[int], kill: bool) -> list[int]:
+        """Lower the count by one and stop every worker started since `before`; returns those workers.
+
+        That is the new worker, or gunicorn's replacement for it if it died (gunicorn respawns up
+        to the raised count). `kill`: SIGKILL at once, for a worker that never accepted a
+        connection and may be stuck in a load that no signal handler can interrupt.
+        """
+        self._mark_retiring(self._since(before))
+        self.arbiter.num_workers -= 1
+        extras = self._since(before)  # NOTE: again: one may have been forked between the two lines
+        self._mark_retiring(extras)
+        self.arbiter.wakeup()
+        if kill:
+            for pid in extras:
+                _kill(pid, signal.SIGKILL)
+        return extras
+
+    def wait_gone(self, pids: Iterable[int], timeout: float) -> list[int]:
+        """Wait until the arbiter reaped `pids`; returns those still there at the deadline."""
+        pending = set(pids)
+        deadline = time.monotonic() + timeout
+        while True:
+            pending &= set(self.pids())
+            if not pending or time.monotonic() >= deadline:
+                return sorted(pending)
+            time.sleep(0.1)
+
+    def kill(self, pids: Iterable[int]) -> None:
+        """SIGKILL workers that did not stop when asked."""
+        for pid in pids:
+            _kill(pid, signal.SIGKILL)
+
+    def _since(self, before: set[int]) -> list[int]:
+        return [pid for pid in self.pids() if pid not in before]
+
+    def _mark_retiring(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            worker = self.arbiter.WORKERS.get(pid)
+            if worker is not None:
+                worker.age = RETIRING_AGE
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,116 @@
+"""The master's view of the model repository: which version directories have settled (no TensorFlow).
+
+Runs in the master's rollout thread. A new version directory counts once its files (names,
+sizes, mtimes) did not change between two polls. Once settled, a directory stays settled:
+`touch` or an rsync of identical content must not take a served version out of service. A
+settled directory whose files really change (names or sizes) is reported, not reloaded:
+versions are immutable, and workers keep the copy they loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from server.repository import VersionSource, scan
+
+
+@dataclass(frozen=True)
+class DirectoryFiles:
+    """What a poll sees of one version directory."""
+
+    content: tuple[tuple[str, int], ...]  # relative file names and sizes
+    mtimes: tuple[int, ...]
+
+    @property
+    def key(self) -> str:
+        """A short name for the content (names and sizes; mtimes left out, so `touch` keeps it)."""
+        return hashlib.sha256(repr(self.content).encode()).hexdigest()[:16]
+
+
+def read_files(path: Path) -> DirectoryFiles:
+    """Names, sizes and mtimes of every file under a version directory (sorted)."""
+    content, mtimes = [], []
+    for directory, subdirs, files in os.walk(path):
+        subdirs.sort()
+        for name in sorted(files):
+            full = os.path.join(directory, name)
+            try:
+                stat = os.stat(full)
+            except FileNotFoundError:
+                continue
+            content.append((os.path.relpath(full, path), stat.st_size))
+            mtimes.append(stat.st_mtime_ns)
+    return DirectoryFiles(tuple(content), tuple(mtimes))
+
+
+# Called with a settled version whose files changed and what changed; True makes it settle again
+# (a failed version being rewritten), False keeps it settled (a served one: reported only).
+ChangeReport = Callable[[VersionSource, str], bool]
+
+
+class SettledScanner:
+    """Scans the repository; reports new versions once settled, and keeps settled ones."""
+
+    def __init__(self, models_dir: Path, report_change: ChangeReport | None = None) -> None:
+        self.models_dir = models_dir
+        self._report_change = report_change
+        self._seen: dict[Path, DirectoryFiles] = {}  # every version directory at the last poll
+        self._settled: dict[Path, DirectoryFiles] = {}  # settled directories, as they were when reported
+
+    def scan(self, trust_all: bool = False) -> dict[str, list[VersionSource]]:
+        """Settled versions per model, newest first; `trust_all` (first start) takes every directory as settled.
+
+        A model whose only versions are still changing is left out (it has nothing to serve yet);
+        a model directory without versions is kept, empty.
+        """
+        found = scan(self.models_dir)
+        seen: dict[Path, DirectoryFiles] = {}
+        settled: dict[str, list[VersionSource]] = {}
+        for name, sources in found.items():
+            kept = []
+            for source in sources:
+                files = seen[source.path] = read_files(source.path)
+                if self._keep(source, files, trust_all):
+                    kept.append(source)
+            if kept or not sources:
+                settled[name] = kept
+        self._settled = {path: files for path, files in self._settled.items() if path in seen}
+        self._seen = seen
+        return settled
+
+    def _keep(self, source: VersionSource, files: DirectoryFiles, trust_all: bool) -> bool:
+        """Whether the directory counts as settled now (and note what changed in a settled one)."""
+        before = self._settled.get(source.path)
+        if before is not None:
+            if files.content != before.content and self._report_change is not None:
+                if self._report_change(source, _difference(before, files)):
+                    del self._settled[source.path]
+                    return False
+            self._settled[source.path] = files  # each distinct change is reported once
+            return True
+        if trust_all or self._seen.get(source.path) == files:
+            self._settled[source.path] = files
+            return True
+        return False
+
+    def content_key(self, path: Path) -> str:
+        """The content key of a version directory at the last poll ("" if it was not seen)."""
+        files = self._seen.get(path)
+        return files.key if files is not None else ""
+
+
+def _difference(before: DirectoryFiles, after: DirectoryFiles) -> str:
+    """A short description of what changed between two views of a directory."""
+    old, new = dict(before.content), dict(after.content)
+    parts = []
+    added = sorted(set(new) - set(old))
+    removed = sorted(set(old) - set(new))
+    resized = sorted(name for name in set(old) & set(new) if old[name] != new[name])
+    for label, names in (("added", added), ("removed", removed), ("resized", resized)):
+        if names:
+            parts.append(f"{label} {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+    return "; ".join(parts)
