@@ -3,15 +3,24 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test unit e2e install system-deps lint clean
+.PHONY: run test unit e2e install install-dev system-deps lint clean
 
-$(BIN)/.installed: requirements.txt requirements-dev.txt
+# What serving needs (requirements.txt), and forkserve itself so `python -m server` works from any directory.
+$(BIN)/.serving: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+# Plus the test and benchmark tools (requirements-dev.txt).
+$(BIN)/.testing: $(BIN)/.serving requirements-dev.txt
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 
-install: $(BIN)/.installed
+install: $(BIN)/.serving
+
+install-dev: $(BIN)/.testing
 
 system-deps:
 	scripts/install-system-deps.sh
@@ -19,17 +28,17 @@ system-deps:
 run: install
 	$(BIN)/gunicorn -c gunicorn.conf.py
 
-test: install system-deps
-	$(BIN)/python -m pytest
+test: install-dev system-deps
+	$(BIN)/python -m pytest --durations=20
 
-unit: install
+unit: install-dev
 	$(BIN)/python -m pytest tests/unit
 
-e2e: install system-deps
+e2e: install-dev system-deps
 	$(BIN)/python -m pytest tests/e2e
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check --select F,E9 server tests bench scripts gunicorn.conf.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -34,6 +34,8 @@ class PublishError(Exception):
 
 def source_kind(source: Path) -> str:
     """'file' for a .keras/.h5/.hdf5 file, 'savedmodel' for a SavedModel directory."""
+    if not source.exists():
+        raise PublishError(f"{source}: no such file or directory")
     if source.is_file() and source.suffix.lower() in KERAS_SUFFIXES + HDF5_SUFFIXES:
         return "file"
     if source.is_dir() and (source / "saved_model.pb").is_file():

@@ -309,18 +309,21 @@ class RolloutController:
         except BaseException:  # NOTE: never leave the extra worker behind (the count stays raised for ever)
             self.fleet.withdraw(before, kill=True)
             raise
+        # A worker that never finished loading accepted no connection: nothing to drain, kill it.
         if outcome.kind == SUCCEEDED:
+            old_state = read_worker_states(self.run_dir).get(old_pid)
             self.fleet.retire(old_pid)
-            left = self.fleet.wait_gone([old_pid], self.knobs.graceful_timeout + 10)
+            going = [old_pid]
+            if old_state is None or not old_state.loaded:
+                self.fleet.kill(going)
         else:
-            # A worker that never finished loading accepted no connection: nothing to drain.
-            extras = self.fleet.withdraw(before, kill=not loaded)
-            left = self.fleet.wait_gone(extras, self.knobs.graceful_timeout + 10 if loaded else 10)
+            going = self.fleet.withdraw(before, kill=not loaded)
+        left = self.fleet.wait_gone(going, self.knobs.graceful_timeout + 10)
         if left:
             log.warning("forkserve: workers %s did not stop in time; killing them", left)
             self.fleet.kill(left)
         if outcome.kind != SUCCEEDED:
-            self._await_exit_records(set(extras) - set(left), 2.0)
+            self._await_exit_records(set(going), 2.0)
         return outcome
 
     def _await_exit_records(self, pids: set[int], timeout: float) -> None:
@@ -395,10 +398,13 @@ class RolloutController:
         served = self._served_versions()
         for version in served:
             self.strikes.clear(version)
+        failed = read_failed(self.run_dir)
         blamed: dict[VersionKey, str] = {}
         for pid, gone in sorted(exits.items()):
             if gone.loading is None or gone.reason == "graceful" or gone.loading in served:
                 continue
+            if gone.loading[1] in failed.get(gone.loading[0], {}):
+                continue  # marked already: a worker still loading it when it was marked
             if self.strikes.add(gone.loading, details.get(pid, f"worker {pid} {gone.reason}")):
                 blamed[gone.loading] = self.strikes.verdict(gone.loading)
         self._mark_failed(blamed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -273,10 +274,24 @@ def _tensor_info(key: str, proto: Any) -> TensorInfo:
     return TensorInfo(key, _dtype_name(proto.dtype), shape)
 
 
+def check_keras_file(path: Path) -> None:
+    """Refuse a file Keras would misreport ("File not found" for a truncated .keras) with the real reason."""
+    if not path.is_file():
+        raise ValueError(f"{path.name}: no such file")
+    if path.suffix.lower() == ".keras" and not zipfile.is_zipfile(path):
+        raise ValueError(f"{path.name} is not a valid .keras file (not a complete zip archive: truncated or corrupt)")
+    if path.suffix.lower() != ".keras":
+        import h5py
+
+        if not h5py.is_hdf5(path):
+            raise ValueError(f"{path.name} is not a valid HDF5 file (truncated or corrupt)")
+
+
 def load_servable(source: VersionSource) -> Servable:
     """Load one version directory by its format."""
     if source.format == "savedmodel":
         return SavedModelServable(source.path)
     if source.format in ("keras", "h5"):
+        check_keras_file(source.model_path)
         return KerasServable(source.model_path)
     raise ValueError(source.problem or f"unknown model format {source.format!r}")

@@ -30,6 +30,15 @@ def begin(model: str, api: str) -> None:
     BUFFER.add(metrics.INFLIGHT_REQUESTS, (model,), 1)
 
 
+def set_model(model: str) -> None:
+    """The model the request turned out to address (begin() was called before the path was checked)."""
+    inference: Inference | None = g.get("inference")
+    if inference is not None and inference.model != model:
+        BUFFER.add(metrics.INFLIGHT_REQUESTS, (inference.model,), -1)
+        BUFFER.add(metrics.INFLIGHT_REQUESTS, (model,), 1)
+        inference.model = model
+
+
 def set_version(version: int) -> None:
     """The version that is answering."""
     if "inference" in g:

@@ -13,9 +13,8 @@ from typing import Any
 from flask import Blueprint, Response, request
 
 from server.api import instrument
-from server.api.common import infer, json_response, model_address, read_json, registry
+from server.api.common import infer, json_response, model_address, predict, read_json, registry
 from server.codecs import tfserving
-from server.codecs.tensors import validate_inputs
 from server.errors import ApiError, InvalidArgument, NotFound
 from server.models import ModelVersion
 
@@ -27,6 +26,12 @@ PATH_RE = re.compile(
     r"(?:(?P<metadata>/metadata)|:(?P<verb>[A-Za-z]+))?/?$"
 )
 VERBS = ("predict", "classify", "regress")
+
+
+def _verb_of(rest: str) -> str:
+    """The API label of a POST path, even a malformed one: predict, classify, regress or other."""
+    verb = rest.rsplit(":", 1)[-1].lower() if ":" in rest else ""
+    return verb if verb in VERBS else "other"
 
 
 def _parse_path(rest: str) -> tuple[str, int | None, str | None, str]:
@@ -44,12 +49,14 @@ def _parse_path(rest: str) -> tuple[str, int | None, str | None, str]:
 @blueprint.route("/v1/models/<path:rest>", methods=["GET", "POST"])
 def models(rest: str) -> Response:
     """Dispatch on the path's shape: GET for status and metadata, POST for the verbs."""
+    if request.method == "POST":  # counted even when the path is refused below
+        instrument.begin(instrument.UNKNOWN_MODEL, f"tfserving_{_verb_of(rest)}")
     name, version, label, action = _parse_path(rest)
     wants_post = action in VERBS
     if (request.method == "POST") != wants_post:
         raise ApiError(f"{request.method} is not allowed for {action}; use {'POST' if wants_post else 'GET'}", status=405)
-    if wants_post:
-        instrument.begin(name if name in registry().models else instrument.UNKNOWN_MODEL, f"tfserving_{action}")
+    if wants_post and name in registry().models:
+        instrument.set_model(name)
     model = registry().get(name)
     if action == "status":
         statuses = registry().statuses(name)
@@ -85,11 +92,7 @@ def _predict(target: ModelVersion, body: Any) -> dict[str, Any]:
     """Row or columnar predict through the executor."""
     started = time.perf_counter()
     decoded = tfserving.decode_predict(body, target.signature, target.config)
-    signature = target.signature(decoded.signature_name)
-    fed, rows = validate_inputs(decoded.inputs, signature, target.config)
-    instrument.stage("decode", time.perf_counter() - started)
-    batchable = signature.batchable and all(a.ndim >= 1 for a in fed.values())
-    outputs = infer(target, signature.name, fed, rows, batchable)
+    _, outputs = predict(target, decoded.signature_name, decoded.inputs, started)
     return tfserving.encode_predict(outputs, decoded.row_format)
 
 

@@ -13,13 +13,13 @@ from flask import Blueprint, Response, request
 from server.api import instrument
 from server.api.common import (
     check_content_type,
-    infer,
     json_response,
     model_address,
+    predict,
     registry,
+    request_body,
 )
 from server.codecs import v2
-from server.codecs.tensors import validate_inputs
 from server.errors import ApiError
 from server.models import AVAILABLE, ModelVersion
 
@@ -96,13 +96,9 @@ def model_infer(name: str, version: str | None = None) -> Response:
     instrument.set_version(target.version)
     check_content_type(also=BINARY_CONTENT_TYPES)
     started = time.perf_counter()
-    header, binary = v2.split_body(request.get_data(cache=False), request.headers.get(v2.HEADER_LENGTH))
+    header, binary = v2.split_body(request_body(), request.headers.get(v2.HEADER_LENGTH))
     decoded = v2.decode_infer(header, binary, target.signature)
-    signature = target.signature(decoded.signature_name)
-    fed, rows = validate_inputs(decoded.inputs, signature, target.config)
-    instrument.stage("decode", time.perf_counter() - started)
-    batchable = signature.batchable and all(a.ndim >= 1 for a in fed.values())
-    outputs = infer(target, signature.name, fed, rows, batchable)
+    signature, outputs = predict(target, decoded.signature_name, decoded.inputs, started)
     started = time.perf_counter()
     body, header_length = v2.encode_infer(decoded, outputs, signature, name, target.version)
     instrument.stage("encode", time.perf_counter() - started)

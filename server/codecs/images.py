@@ -71,7 +71,11 @@ def decode_image(data: bytes, info: TensorInfo, config: ModelConfig) -> np.ndarr
             pixels = np.asarray(converted, dtype=np.float32)
     except InvalidArgument:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError, SyntaxError) as exc:
+    except UnidentifiedImageError:  # its message names the BytesIO object, which tells the client nothing
+        raise InvalidArgument(
+            f"cannot decode image for input {info.name!r}: not a {', '.join(ACCEPTED_FORMATS)} image"
+        ) from None
+    except (OSError, ValueError, Image.DecompressionBombError, SyntaxError) as exc:
         raise InvalidArgument(f"cannot decode image for input {info.name!r}: {exc}") from None
     if pixels.ndim == 2:
         pixels = pixels[:, :, np.newaxis]

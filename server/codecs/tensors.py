@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,13 @@ from server.codecs.images import decode_image
 from server.config import ModelConfig
 from server.errors import InvalidArgument
 from server.signature import SignatureInfo, TensorInfo
+
+
+def _ragged(name: str, exc: Exception) -> InvalidArgument:
+    """A short 400 for nested lists numpy cannot stack (its own message runs for lines)."""
+    depth = re.search(r"after (\d+) dimension", str(exc))
+    where = f": the lists at depth {int(depth[1]) + 1} differ in length" if depth else ""
+    return InvalidArgument(f"input {name!r} is ragged{where}; every row must have the same shape")
 
 
 def utf8(text: str, name: str) -> bytes:
@@ -37,7 +45,7 @@ def _string_tensor(value: Any, name: str) -> np.ndarray:
     try:
         array = np.array(converted, dtype=object)
     except ValueError as exc:
-        raise InvalidArgument(f"input {name!r} is ragged: {exc}") from None
+        raise _ragged(name, exc) from None
     if array.dtype != object or (array.size and not all(isinstance(x, bytes) for x in array.flat)):
         raise InvalidArgument(f"input {name!r} is ragged: every row needs the same shape")
     return array
@@ -47,8 +55,10 @@ def numeric_array(value: Any, info: TensorInfo) -> np.ndarray:
     """Nested lists of numbers to an array of the input's dtype, refusing lossy casts."""
     try:
         array = np.asarray(value)
-    except (ValueError, OverflowError) as exc:
-        raise InvalidArgument(f"input {info.name!r} is ragged or malformed: {exc}") from None
+    except OverflowError:
+        raise InvalidArgument(f"input {info.name!r}: value out of range for {info.dtype}") from None
+    except ValueError as exc:
+        raise _ragged(info.name, exc) from None
     kind = array.dtype.kind
     wanted = np.dtype(info.dtype)
     if kind in "OUS" or kind == "V":

@@ -1,4 +1,4 @@
-"""Strict base64 for TF Serving's {"b64": ...} values."""
+"""Base64 for TF Serving's {"b64": ...} values: the forms common tools produce, nothing else."""
 
 from __future__ import annotations
 
@@ -29,18 +29,36 @@ def test_decode_strips_surrounding_newlines() -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("aGk", b"hi"),  # unpadded (JWT-style, many JavaScript encoders)
+        ("aGk==", b"hi"),  # one '=' too many
+        ("-_8=", b"\xfb\xff"),  # URL-safe alphabet
+        ("aGVs\nbG8=", b"hello"),  # MIME line break inside
+    ],
+)
+def test_decode_accepts_what_common_tools_produce(text: str, expected: bytes) -> None:
+    assert decode_b64(text) == expected
+
+
+def test_decode_accepts_the_base64_command_s_wrapped_output() -> None:
+    data = bytes(range(256)) * 4
+    wrapped = base64.encodebytes(data).decode()  # 76 columns, as `base64 file` prints it
+    assert "\n" in wrapped.strip()
+    assert decode_b64(wrapped) == data
+    assert decode_b64(base64.urlsafe_b64encode(data).decode().rstrip("=")) == data
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "not base64!",
-        "aGk",  # missing padding
-        "aGk==",  # too much padding
-        "-_8=",  # URL-safe alphabet
-        "aGVs\nbG8=",  # MIME line break inside
         "aGk=aGk=",  # data after padding
+        "aGVsb",  # one character past a whole group: no padding makes it whole
         "é",
     ],
 )
-def test_decode_refuses_anything_but_strict_standard_base64(text: str) -> None:
+def test_decode_refuses_anything_else(text: str) -> None:
     with pytest.raises(InvalidArgument, match="invalid base64 in b64 value") as caught:
         decode_b64(text)
     assert caught.value.status == 400
