@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 RETIRING_AGE = -1  # below every age gunicorn gives: manage_workers stops such a worker first
 
@@ -20,8 +20,9 @@ RETIRING_AGE = -1  # below every age gunicorn gives: manage_workers stops such a
 class Fleet:
     """The arbiter's workers, from the master's rollout thread."""
 
-    def __init__(self, arbiter: Any) -> None:
+    def __init__(self, arbiter: Any, send_signal: Callable[[int, int], None] | None = None) -> None:
         self.arbiter = arbiter
+        self._send_signal = send_signal or _kill
 
     def pids(self) -> list[int]:
         """The arbiter's workers, oldest first (its dict changes under us: copy, retry on change)."""
@@ -58,8 +59,7 @@ class Fleet:
         self._mark_retiring(extras)
         self.arbiter.wakeup()
         if kill:
-            for pid in extras:
-                _kill(pid, signal.SIGKILL)
+            self.kill(extras)
         return extras
 
     def wait_gone(self, pids: Iterable[int], timeout: float) -> list[int]:
@@ -75,7 +75,7 @@ class Fleet:
     def kill(self, pids: Iterable[int]) -> None:
         """SIGKILL workers that did not stop when asked."""
         for pid in pids:
-            _kill(pid, signal.SIGKILL)
+            self._send_signal(pid, signal.SIGKILL)
 
     def _since(self, before: set[int]) -> list[int]:
         return [pid for pid in self.pids() if pid not in before]
@@ -88,6 +88,7 @@ class Fleet:
 
 
 def _kill(pid: int, sig: int) -> None:
+    """os.kill that ignores a process already gone."""
     try:
         os.kill(pid, sig)
     except ProcessLookupError:

@@ -76,6 +76,7 @@ def when_ready(server: Any) -> None:
     stops the old ones at once, before the new ones have loaded TensorFlow and the models.
     """
     global _controller
+    from server.fleet import Fleet
     from server.rollout import RolloutController, RolloutSettings
 
     settings = Settings.current()
@@ -85,7 +86,7 @@ def when_ready(server: Any) -> None:
         backoff=settings.rollout_backoff,
     )
     _controller = RolloutController(
-        server, settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config,
+        Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config,
     )
     _controller.publish_initial_target()
     server.handle_hup = lambda: _controller.request_reload("SIGHUP")

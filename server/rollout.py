@@ -103,10 +103,10 @@ class RolloutController:
     """Watcher and rolling restart, in one thread of the master."""
 
     def __init__(
-        self, arbiter: Any, models_dir: Path, conf_path: Path, run_dir: Path, knobs: RolloutSettings,
+        self, fleet: Fleet, models_dir: Path, conf_path: Path, run_dir: Path, knobs: RolloutSettings,
         config: ServerConfig,
     ) -> None:
-        self.fleet = Fleet(arbiter)
+        self.fleet = fleet
         self.run_dir = run_dir
         self.knobs = knobs
         self.config = ConfigWatch(conf_path, config, lambda ok: record_metric(

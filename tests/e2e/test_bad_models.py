@@ -40,6 +40,9 @@ def test_broken_latest_version_falls_back_to_the_previous_one(server: Server) ->
     explicit = server.post("/v1/models/fallback/versions/2:predict", json={"instances": [[0.1] * 20]})
     assert explicit.status_code == 503
     assert "END" in explicit.json()["error"]
+    # A truncated .keras is named for what it is, not Keras's "File not found".
+    assert "not a valid .keras file" in statuses["2"]["status"]["error_message"]
+    assert "File not found" not in statuses["2"]["status"]["error_message"]
 
 
 def test_readyz_names_the_failed_models_and_liveness_stays_ok(server: Server) -> None:

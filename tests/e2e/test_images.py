@@ -78,6 +78,19 @@ def test_form_encoding_spaces_in_base64_are_repaired(server: Server) -> None:
     assert repaired.json() == good.json()
 
 
+def test_base64_as_common_tools_write_it_gives_the_same_answer(server: Server) -> None:
+    png = (REPO_ROOT / "examples" / "digit.png").read_bytes()
+    standard = server.post("/v1/models/digits:predict", json={"instances": [{"b64": base64.b64encode(png).decode()}]})
+    variants = {
+        "the base64 command (wrapped at 76 columns)": base64.encodebytes(png).decode(),
+        "URL-safe": base64.urlsafe_b64encode(png).decode(),
+        "unpadded URL-safe": base64.urlsafe_b64encode(png).decode().rstrip("="),
+    }
+    for what, text in variants.items():
+        answer = server.post("/v1/models/digits:predict", json={"instances": [{"b64": text}]})
+        assert answer.status_code == 200 and answer.json() == standard.json(), (what, answer.text)
+
+
 def test_image_bomb_and_truncated_image_are_400(server: Server) -> None:
     bomb = {"b64": base64.b64encode(_bomb_png(100_000, 100_000)).decode()}
     response = server.post("/v1/models/k3cnn:predict", json={"instances": [bomb]})

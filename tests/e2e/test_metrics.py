@@ -136,6 +136,28 @@ def _per_process_counts(server: Server, name: str, labels: dict[str, str]) -> di
     return counts
 
 
+def test_requests_refused_at_url_validation_are_counted(metrics_server: Server) -> None:
+    before = quiet_samples(metrics_server)
+    refused = [
+        metrics_server.post("/v1/models/bad%20name:predict", json={"instances": [1.0]}),
+        metrics_server.post("/v1/models/mlp/versions/abc:predict", json={"instances": [[0.5] * 20]}),
+        metrics_server.post("/v1/models/mlp:explode", json={"instances": [[0.5] * 20]}),
+    ]
+    assert [r.status_code for r in refused] == [400, 400, 404]
+    expected = {
+        ("tfserving_predict", "400"): 2,
+        ("tfserving_other", "404"): 1,
+    }
+
+    def counted(scrape: dict) -> dict:
+        return {key: value(scrape, "forkserve_requests_total", model="_unknown", version="", api=key[0], code=key[1])
+                - value(before, "forkserve_requests_total", model="_unknown", version="", api=key[0], code=key[1])
+                for key in expected}
+
+    after = settled_samples(metrics_server, lambda scrape: counted(scrape) == expected, "refused requests counted")
+    assert counted(after) == expected
+
+
 def test_live_gauges_count_the_workers_and_their_models(metrics_server: Server) -> None:
     scrape = samples(metrics_server)
     assert value(scrape, "forkserve_workers_alive") == 2
@@ -193,11 +215,14 @@ def test_sigkilled_worker_leaves_the_live_gauges_and_counters_do_not_go_back(met
     victim = metrics_server.worker_pids()[0]
     os.kill(victim, signal.SIGKILL)
     metrics_server.wait_reaped(victim)
-    while True:  # until a scrape saw a stable set of booted workers
+
+    def stable_scrape() -> tuple[list[int], dict] | None:
+        """A scrape taken while the set of booted workers did not change."""
         booted = metrics_server.worker_pids()
-        during = samples(metrics_server)
-        if metrics_server.worker_pids() == booted:
-            break
+        scrape = samples(metrics_server)
+        return (booted, scrape) if metrics_server.worker_pids() == booted else None
+
+    booted, during = wait_until(stable_scrape, 30, "a scrape with a stable set of workers")
     assert value(during, "forkserve_workers_alive") == len(booted)
     assert value(during, "forkserve_model_workers_ready", model="half_plus_two", version="123") == len(booted)
     metrics_server.wait_workers_loaded(2)
