@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 from flask import Response, current_app, request
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
 from server import metrics
 from server.api import instrument
@@ -51,7 +51,7 @@ def request_body() -> bytes:
                 raise RequestEntityTooLarge()
             return data
         return request.get_data(cache=False)
-    except OSError:  # the receive timeout set above, or a reset: the client stopped sending
+    except (OSError, ClientDisconnected):  # the receive timeout set above (werkzeug wraps it), or a reset
         raise ApiError("the client stopped sending the request body", status=408) from None
 
 

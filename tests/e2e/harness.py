@@ -58,6 +58,7 @@ class Server:
     workers: int = 2
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    new_session: bool = False  # its own process group, as a terminal's foreground job has
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -67,7 +68,7 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 180.0) -> "Server":
-        """Start gunicorn and wait until every worker has loaded its models."""
+        """Start gunicorn and wait until every worker has loaded its models (timeout 0: do not wait)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_path or self.run_dir / "gunicorn.log"
         env = {
@@ -82,13 +83,31 @@ class Server:
             "-b", f"127.0.0.1:{self.port}", "-w", str(self.workers), *self.extra_args,
         ]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        self.wait_workers_loaded(self.workers, timeout)
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=self.new_session)
+        if timeout:
+            self.wait_workers_loaded(self.workers, timeout)
         return self
 
     def worker_pids(self) -> list[int]:
         """Live workers that finished loading (and so accept requests)."""
         return sorted(pid for pid, state in read_worker_states(self.run_dir).items() if state.loaded and pid_alive(pid))
+
+    def children(self) -> list[int]:
+        """Every live process the master forked (workers still loading included)."""
+        assert self.process is not None
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == self.process.pid and fields[0] != "Z":
+                found.append(int(entry.name))
+        return sorted(found)
 
     def wait_reaped(self, pid: int, timeout: float = 30.0) -> None:
         """Wait until the master has handled the worker's exit (child_exit removed its state file)."""

@@ -18,7 +18,8 @@ def test_a_model_that_hangs_while_loading_is_stopped_by_the_rollout_deadline(mod
     repo = tmp_path / "models"
     shutil.copytree(model_repo / "half_plus_two" / "00000123", repo / "hp" / "1")
     server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=1,
-                    env={"FORKSERVE_POLL_INTERVAL": "0.5", "FORKSERVE_BOOT_TIMEOUT": "15"}).start()
+                    env={"FORKSERVE_POLL_INTERVAL": "0.5", "FORKSERVE_BOOT_TIMEOUT": "15",
+                         "FORKSERVE_ROLLOUT_ATTEMPTS": "2", "FORKSERVE_ROLLOUT_BACKOFF": "1"}).start()
     try:
         before = server.worker_pids()
         staging = repo / "hp" / ".incoming"
@@ -28,7 +29,8 @@ def test_a_model_that_hangs_while_loading_is_stopped_by_the_rollout_deadline(mod
         os.mkfifo(index)  # reading it blocks forever: the load hangs
         os.rename(staging, repo / "hp" / "2")
         wait_until(lambda: 2 in read_failed(server.run_dir).get("hp", {}), 90, "the hung version to be marked failed")
-        assert "not ready within 15s" in read_failed(server.run_dir)["hp"][2].reason
+        reason = read_failed(server.run_dir)["hp"][2].reason
+        assert "died loading it 2 times" in reason and "not ready within 15s (loading hp version 2)" in reason
         wait_until(lambda: server.worker_pids() == before, 30, "the stuck worker to be gone")
         answer = server.post("/v1/models/hp:predict", json={"instances": [1.0]})
         assert answer.json() == {"predictions": [2.5]} and answer.headers["X-Model-Version"] == "1"

@@ -44,4 +44,11 @@ class Traffic:
         threads = [threading.Thread(target=self.client, daemon=True) for _ in range(clients)]
         for thread in threads:
             thread.start()
+        self.threads = threads
         return threads
+
+    def finish(self) -> None:
+        """Stop the clients and wait for their last answers."""
+        self.stop.set()
+        for thread in getattr(self, "threads", []):
+            thread.join(60)
