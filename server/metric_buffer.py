@@ -13,30 +13,16 @@ worker loses its last interval. Rare updates (rejections, loads, exits) stay syn
 
 from __future__ import annotations
 
-import bisect
 import collections
 import threading
 from typing import Any
 
-from server import metrics
+from server import compat, metrics
 from server.flusher import Flusher
 
 FLUSH_INTERVAL_S = 0.5
 
 Series = tuple[Any, tuple[str, ...]]  # (metric, label values)
-
-
-def _observe_many(child: Any, values: list[float]) -> None:
-    """Histogram child: one write per touched bucket and one for the sum, as observe() would do them."""
-    try:
-        bounds, buckets, total = child._upper_bounds, child._buckets, child._sum  # prometheus_client 0.26
-    except AttributeError:  # another version: the public way, one write per value
-        for value in values:
-            child.observe(value)
-        return
-    total.inc(sum(values))
-    for index, count in collections.Counter(bisect.bisect_left(bounds, v) for v in values).items():
-        buckets[index].inc(count)
 
 
 class MetricBuffer:
@@ -62,14 +48,14 @@ class MetricBuffer:
             observed: dict[Series, list[float]] = collections.defaultdict(list)
             for _ in range(len(events)):  # what is there now; later appends wait for the next flush
                 metric, labels, value = events.popleft()
-                if metric._type == "histogram":
+                if compat.is_histogram(metric):
                     observed[(metric, labels)].append(value)
                 else:
                     sums[(metric, labels)] += value
             for series, total in sums.items():
                 metrics.record(lambda series=series, total=total: self._child(series).inc(total))
             for series, values in observed.items():
-                metrics.record(lambda series=series, values=values: _observe_many(self._child(series), values))
+                metrics.record(lambda series=series, values=values: compat.observe_many(self._child(series), values))
 
     def _child(self, series: Series) -> Any:
         """The labelled child of a series, looked up once."""

@@ -12,44 +12,15 @@ import os
 from typing import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.mmap_dict import MmapedDict
 
+from server import compat
 from server.settings import Settings
 
 log = logging.getLogger("forkserve.metrics")
 
 
-def _reserve_blocks_before_use() -> None:
-    """Make prometheus_client allocate its mmapped files' blocks up front (posix_fallocate).
-
-    NOTE: it grows its files with truncate, which leaves them sparse: on a full disk the first
-    write to a new page is a SIGBUS that kills the worker. With the blocks reserved first, a full
-    disk is an OSError at file creation or growth, which `record` turns into a lost metric.
-    """
-    if getattr(MmapedDict, "_forkserve_reserved", False):
-        return
-    original_init, original_init_value = MmapedDict.__init__, MmapedDict._init_value
-
-    def init(self: MmapedDict, filename: str, read_mode: bool = False) -> None:
-        original_init(self, filename, read_mode)
-        if not read_mode:
-            os.posix_fallocate(self._f.fileno(), 0, self._capacity)
-
-    def init_value(self: MmapedDict, key: str) -> None:
-        encoded = len(key.encode("utf-8"))
-        needed = self._used + 4 + encoded + (8 - (encoded + 4) % 8) + 16
-        capacity = self._capacity
-        while needed > capacity:
-            capacity *= 2
-        if capacity != self._capacity:
-            os.posix_fallocate(self._f.fileno(), 0, capacity)
-        original_init_value(self, key)
-
-    MmapedDict.__init__, MmapedDict._init_value = init, init_value
-    MmapedDict._forkserve_reserved = True
-
-
-_reserve_blocks_before_use()
+if not compat.reserve_metric_file_blocks():
+    log.warning("metric files are sparse with this prometheus_client: a full disk can kill a worker (SIGBUS)")
 
 
 def _ensure_directory() -> None:
@@ -66,18 +37,31 @@ _ensure_directory()
 _failing = False
 
 
+def _raised_by_prometheus_client(exc: BaseException) -> bool:
+    """Whether the innermost frame of the exception's traceback is prometheus_client's own code."""
+    trace = exc.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace is not None and f"{os.sep}prometheus_client{os.sep}" in trace.tb_frame.f_code.co_filename
+
+
 def record(update: Callable[[], object]) -> None:
     """Apply one metric update; a broken metrics directory (removed, a file, disk full) costs the update only.
 
-    NOTE: multiprocess values live in mmapped files under PROMETHEUS_MULTIPROC_DIR; a write that
-    opens or grows a file fails with an OSError when the directory is gone or the disk is full.
-    The update is dropped (the request or load it describes goes on), the first loss is logged,
-    and so is the first update that works again.
+    NOTE: multiprocess values live in mmapped files under PROMETHEUS_MULTIPROC_DIR. A write that
+    opens or grows a file fails with an OSError when the directory is gone or the disk is full;
+    after a worker's first write failed to reopen its files (prometheus_client reopens them all
+    after fork), its values' maps stay closed and later writes fail inside prometheus_client with a
+    TypeError or ValueError. Those updates are dropped (the request or load they describe goes
+    on), the first loss is logged, and so is the first update that works again. Any other
+    exception is a bug and propagates.
     """
     global _failing
     try:
         update()
-    except OSError as exc:
+    except (OSError, TypeError, ValueError) as exc:
+        if not isinstance(exc, OSError) and not _raised_by_prometheus_client(exc):
+            raise
         if not _failing:
             _failing = True
             log.warning("metrics: updates are being dropped in this process until the metrics directory "

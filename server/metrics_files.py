@@ -62,11 +62,3 @@ def compact_dead_process(directory: Path, pid: int) -> int:
             removed += 1
         mark_process_dead(pid, str(directory))  # drops the live* gauge files of that pid
     return removed
-
-
-def reset(directory: Path) -> None:
-    """Master, at start: an empty metrics directory (stale files would double count)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for path in directory.iterdir():
-        if path.is_file() and (path.suffix == ".db" or path.name == LOCK_NAME):
-            path.unlink()

@@ -6,7 +6,6 @@ thread pools do not survive fork), so nothing imported by gunicorn.conf.py may i
 
 from __future__ import annotations
 
-import itertools
 import logging
 import zipfile
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from server import compat
 from server.errors import ApiError, InvalidArgument
 from server.repository import VersionSource
 from server.signature import SignatureInfo, TensorInfo
@@ -98,52 +98,6 @@ class Servable:
         return calls
 
 
-class FlatCall:
-    """A concrete function called with flat tensors, below ConcreteFunction.__call__'s argument binding.
-
-    The binding and casting in __call__ cost more than a small model's kernels (MLP batch 1:
-    ~300 us per call through __call__, ~130 us here). Private TF API (tensorflow is pinned), so a
-    servable only uses it after `_flat_call_or_none` saw it answer exactly as the public call. Inputs
-    must already match the signature: the request codecs check shapes and dtypes, __call__ is skipped.
-    """
-
-    def __init__(self, concrete: Any) -> None:
-        from tensorflow.python.eager import context, execute
-
-        atomic = concrete._inference_function
-        self._name = atomic.name.decode()
-        self._output_count = len(atomic.function_type.flat_outputs)
-        self._captures = list(concrete.captured_inputs)
-        self._context = context.context()
-        self._attrs = tuple(itertools.chain(*self._context.function_call_options.as_attrs().items()))
-        self._execute = execute.quick_execute
-        outputs = concrete.structured_outputs
-        if not isinstance(outputs, dict):
-            raise TypeError(f"outputs are a {type(outputs).__name__}, not a dict")
-        self._output_names = tf.nest.flatten({name: name for name in outputs})  # the flat outputs' order
-
-    def __call__(self, *tensors: tf.Tensor) -> dict[str, tf.Tensor]:
-        flat = self._execute(self._name, self._output_count, [*tensors, *self._captures], self._attrs, self._context)
-        return dict(zip(self._output_names, flat))
-
-
-def _flat_call_or_none(concrete: Any, inputs: list[TensorInfo]) -> FlatCall | None:
-    """A FlatCall when it gives bit-identical outputs to the public call on random `inputs`, else None."""
-    try:
-        flat = FlatCall(concrete)
-        rng = np.random.default_rng(0)
-        tensors = [tf.constant(rng.random((1, *[d or 1 for d in t.shape[1:]])).astype(t.dtype)) for t in inputs]
-        expected = {k: v.numpy() for k, v in concrete(*tensors).items()}
-        got = {k: v.numpy() for k, v in flat(*tensors).items()}
-    except Exception as exc:  # a TF upgrade that moved the private API: keep the public call
-        log.warning("flat function call unavailable, using ConcreteFunction.__call__: %s", exc)
-        return None
-    if expected.keys() != got.keys() or not all(np.array_equal(expected[k], got[k], equal_nan=True) for k in expected):
-        log.warning("flat function call disagrees with ConcreteFunction.__call__; using the latter")
-        return None
-    return flat
-
-
 class KerasServable(Servable):
     """A Keras 3 `.keras` or legacy Keras 2 HDF5 model behind one traced function."""
 
@@ -166,7 +120,7 @@ class KerasServable(Servable):
         self.input_structure = _keras_input_structure(self.model)
         self.function = tf.function(self._forward, input_signature=specs, autograph=False)
         self.concrete = self.function.get_concrete_function()
-        self.flat: FlatCall | None = None  # set by warm_up once checked
+        self.flat: compat.FlatCall | None = None  # set by warm_up once checked
         outputs = self.concrete.structured_outputs
         self.signatures = {
             "serving_default": SignatureInfo(
@@ -195,8 +149,8 @@ class KerasServable(Servable):
 
     def warm_up(self, batch_sizes: list[int]) -> int:
         """Check the flat call against the public one, then warm every bucket through it."""
-        inputs = self.signatures["serving_default"].inputs
-        self.flat = _flat_call_or_none(self.concrete, [inputs[name] for name in self.input_names])
+        inputs = [self.signatures["serving_default"].inputs[name] for name in self.input_names]
+        self.flat = compat.flat_call_or_none(self.concrete, [t.shape for t in inputs], [t.dtype for t in inputs])
         return super().warm_up(batch_sizes)
 
     def traces(self) -> int:

@@ -39,13 +39,6 @@ class TensorInfo:
     shape: Shape
 
     @property
-    def example_shape(self) -> Shape:
-        """Shape of one example: the signature shape without its batch dimension."""
-        if self.shape is None or len(self.shape) == 0:
-            return None if self.shape is None else ()
-        return self.shape[1:]
-
-    @property
     def is_image(self) -> bool:
         """A rank-4 float tensor (batch, height, width, channels) with known spatial size."""
         return (

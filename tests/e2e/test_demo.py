@@ -51,6 +51,7 @@ def test_readme_shows_the_real_answer(demo: Server) -> None:
 
 
 def test_sigterm_stops_the_server_gracefully(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
     instance = Server(models_dir=tmp_path / "empty", run_dir=tmp_path / "run", workers=1).start(timeout=60)
     assert instance.get("/readyz").status_code == 200
     assert instance.stop() == 0

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from server.settings import Settings
 from tests.e2e.harness import Server
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "forkserve.yaml"
@@ -27,10 +28,15 @@ def test_probes_ports_and_drain_match_the_server(server: Server) -> None:
     readiness, liveness = container["readinessProbe"]["httpGet"], container["livenessProbe"]["httpGet"]
     assert readiness["port"] == liveness["port"] == port["name"] == service["spec"]["ports"][0]["targetPort"]
     assert readiness["path"] == "/readyz" and liveness["path"] == "/healthz"
-    # The paths answer as the probes need: liveness 200; readiness a JSON verdict (503 here: the
-    # shared test repository holds broken models on purpose).
+    # The paths answer as the probes need: liveness 200; readiness 503 here, naming the models that
+    # failed (the shared test repository holds broken ones on purpose) while the others serve.
     assert server.get(liveness["path"]).status_code == 200
-    assert server.get(readiness["path"]).json()["status"] in ("ready", "not ready")
+    verdict = server.get(readiness["path"])
+    assert verdict.status_code == 503 and verdict.json()["status"] == "not ready"
+    assert "1" in verdict.json()["models"]["corrupt"]["failed"] and verdict.json()["models"]["mlp"]["serving"] == [1]
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/healthz"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= Settings.from_env().boot_timeout
     annotations = pod["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics"
     assert server.get(annotations["prometheus.io/path"]).status_code == 200

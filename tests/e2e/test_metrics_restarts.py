@@ -16,6 +16,7 @@ RESTARTS = 12
 @pytest.fixture()
 def light_server(tmp_path: Path) -> Server:
     """A server with no models: its workers never import TensorFlow, so they restart in a second."""
+    (tmp_path / "models").mkdir()  # an empty repository: these restarts need no TensorFlow
     instance = Server(models_dir=tmp_path / "models", run_dir=tmp_path / "run", workers=2).start(timeout=60)
     yield instance
     instance.stop()

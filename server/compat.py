@@ -1,0 +1,175 @@
+"""Every use of a pinned library's private API, in one place, each with the public way beside it.
+
+| use | private API | public fallback |
+|---|---|---|
+| `flat_call_or_none` | TF: `ConcreteFunction._inference_function`, `execute.quick_execute` | `ConcreteFunction.__call__` |
+| `observe_many` | prometheus_client: a histogram child's `_upper_bounds`, `_buckets`, `_sum` | `observe()` per value |
+| `is_histogram` | prometheus_client: `metric._type` | `isinstance(metric, Histogram)` |
+| `reserve_metric_file_blocks` | prometheus_client: `MmapedDict.__init__`, `_init_value`, `_f`, `_capacity`, `_used` | none: sparse files (SIGBUS on a full disk) |
+
+A private path is taken only when the installed version is the one it was verified against
+(VERIFIED, equal to the pins in requirements.txt: a unit test checks) and, for the TensorFlow
+call, only when it answers bit-identically to the public call at warm-up. No TensorFlow at import:
+the master imports this module.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import importlib.metadata
+import itertools
+import logging
+import os
+from functools import cache
+from typing import Any
+
+log = logging.getLogger("forkserve.compat")
+
+VERIFIED = {"tensorflow-cpu": "2.21.0", "prometheus-client": "0.26.0"}
+
+
+@cache
+def verified(distribution: str) -> bool:
+    """True when the installed `distribution` is the version the private path was checked against."""
+    try:
+        installed = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        installed = ""
+    if installed != VERIFIED[distribution]:
+        log.warning("%s %s is installed, forkserve was verified with %s: using its public API only (slower)",
+                    distribution, installed or "(none)", VERIFIED[distribution])
+        return False
+    return True
+
+
+# --- TensorFlow (workers only) -----------------------------------------------------------------
+
+
+class FlatCall:
+    """A concrete function called with flat tensors, below ConcreteFunction.__call__'s argument binding.
+
+    The binding and casting in __call__ cost more than a small model's kernels (MLP batch 1:
+    ~300 us per call through __call__, ~130 us here). Inputs must already match the signature:
+    the request codecs check shapes and dtypes, __call__'s checks are skipped.
+    """
+
+    def __init__(self, concrete: Any) -> None:
+        import tensorflow as tf
+        from tensorflow.python.eager import context, execute
+
+        atomic = concrete._inference_function
+        self._name = atomic.name.decode()
+        self._output_count = len(atomic.function_type.flat_outputs)
+        self._captures = list(concrete.captured_inputs)
+        self._context = context.context()
+        self._attrs = tuple(itertools.chain(*self._context.function_call_options.as_attrs().items()))
+        self._execute = execute.quick_execute
+        outputs = concrete.structured_outputs
+        if not isinstance(outputs, dict):
+            raise TypeError(f"outputs are a {type(outputs).__name__}, not a dict")
+        self._output_names = tf.nest.flatten({name: name for name in outputs})  # the flat outputs' order
+
+    def __call__(self, *tensors: Any) -> dict[str, Any]:
+        flat = self._execute(self._name, self._output_count, [*tensors, *self._captures], self._attrs, self._context)
+        return dict(zip(self._output_names, flat))
+
+
+def probe_arrays(shapes: list[tuple[int | None, ...]], dtypes: list[str], batch: int = 3) -> list[Any]:
+    """Random inputs of every input's dtype with `batch` rows (free dimensions as 2), to compare two calls."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    arrays = []
+    for shape, dtype in zip(shapes, dtypes):
+        full = (batch, *[d or 2 for d in shape[1:]])
+        kind = np.dtype(dtype).kind
+        if kind == "f":
+            arrays.append(rng.standard_normal(full).astype(dtype))
+        elif kind in "iu":
+            arrays.append(rng.integers(0, 2, full).astype(dtype))  # 0 and 1: valid indices for any embedding
+        elif kind == "b":
+            arrays.append(rng.random(full) > 0.5)
+        else:
+            raise TypeError(f"no probe values for dtype {dtype}")
+    return arrays
+
+
+def flat_call_or_none(concrete: Any, shapes: list[tuple[int | None, ...]], dtypes: list[str]) -> FlatCall | None:
+    """A FlatCall when TF is the verified version and it answers exactly as the public call on probe inputs."""
+    if not verified("tensorflow-cpu"):
+        return None
+    import numpy as np
+    import tensorflow as tf
+
+    try:
+        flat = FlatCall(concrete)
+        tensors = [tf.constant(a) for a in probe_arrays(shapes, dtypes)]
+        expected = {k: v.numpy() for k, v in concrete(*tensors).items()}
+        got = {k: v.numpy() for k, v in flat(*tensors).items()}
+    except Exception as exc:  # a model this probe cannot feed, or a moved private API: the public call
+        log.warning("flat function call unavailable, using ConcreteFunction.__call__: %s", exc)
+        return None
+    if expected.keys() != got.keys() or not all(np.array_equal(expected[k], got[k], equal_nan=True) for k in expected):
+        log.warning("flat function call disagrees with ConcreteFunction.__call__; using the latter")
+        return None
+    return flat
+
+
+# --- prometheus_client -------------------------------------------------------------------------
+
+
+def is_histogram(metric: Any) -> bool:
+    """Whether a metric (or a labelled child) is a histogram."""
+    if verified("prometheus-client"):
+        return metric._type == "histogram"
+    from prometheus_client import Histogram
+
+    return isinstance(metric, Histogram)
+
+
+def observe_many(child: Any, values: list[float]) -> None:
+    """Histogram child: one write per touched bucket and one for the sum, as observe() would do them."""
+    if not verified("prometheus-client"):
+        for value in values:
+            child.observe(value)
+        return
+    bounds, buckets, total = child._upper_bounds, child._buckets, child._sum
+    total.inc(sum(values))
+    for index, count in collections.Counter(bisect.bisect_left(bounds, v) for v in values).items():
+        buckets[index].inc(count)
+
+
+def reserve_metric_file_blocks() -> bool:
+    """Make prometheus_client allocate its mmapped files' blocks up front (posix_fallocate); False if not possible.
+
+    NOTE: it grows its files with truncate, which leaves them sparse: on a full disk the first
+    write to a new page is a SIGBUS that kills the worker. With the blocks reserved first, a full
+    disk is an OSError at file creation or growth, which metrics.record turns into a lost update.
+    """
+    from prometheus_client.mmap_dict import MmapedDict
+
+    if getattr(MmapedDict, "_forkserve_reserved", False):
+        return True
+    if not verified("prometheus-client"):
+        return False
+    original_init, original_init_value = MmapedDict.__init__, MmapedDict._init_value
+
+    def init(self: MmapedDict, filename: str, read_mode: bool = False) -> None:
+        original_init(self, filename, read_mode)
+        if not read_mode:
+            os.posix_fallocate(self._f.fileno(), 0, self._capacity)
+
+    def init_value(self: MmapedDict, key: str) -> None:
+        encoded = len(key.encode("utf-8"))
+        needed = self._used + 4 + encoded + (8 - (encoded + 4) % 8) + 16
+        capacity = self._capacity
+        while needed > capacity:
+            capacity *= 2
+        if capacity != self._capacity:
+            os.posix_fallocate(self._f.fileno(), 0, capacity)
+        original_init_value(self, key)
+
+    MmapedDict.__init__, MmapedDict._init_value = init, init_value
+    MmapedDict._forkserve_reserved = True
+    return True
