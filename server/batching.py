@@ -135,11 +135,16 @@ class ModelExecutor:
     def _take(self) -> list[Job] | None:
         """Block for the next job, then gather compatible queued jobs up to max_batch_size rows."""
         with self._cond:
-            while not self._jobs:
-                if self._stopping:
-                    return None
-                self._cond.wait()
-            first = self._jobs.popleft()
+            while True:
+                while not self._jobs:
+                    if self._stopping:
+                        return None
+                    self._cond.wait()
+                first = self._jobs.popleft()
+                if not first.future.done():
+                    break
+                self._queued_rows -= first.rows  # cancelled while its cancel() waited for this lock
+                BUFFER.add(metrics.QUEUE_ROWS, (self.model,), -first.rows)
             batch, rows = [first], first.rows
             if first.batchable:
                 key = first.key

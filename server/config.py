@@ -158,13 +158,27 @@ def parse_config(data: dict[str, Any]) -> ServerConfig:
     return ServerConfig(defaults=defaults, models=models, source=data)
 
 
-def load_config(path: Path) -> ServerConfig:
-    """Read conf/models.toml; a missing file means every default."""
+def read_config_bytes(path: Path) -> bytes | None:
+    """The file's bytes, None when it does not exist; an unreadable file is a ConfigError."""
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
-        return ServerConfig()
+        return None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+
+
+def parse_config_bytes(raw: bytes, path: Path) -> ServerConfig:
+    """Parse the bytes of conf/models.toml; every problem is a ConfigError naming the file."""
     try:
         return parse_config(tomllib.loads(raw.decode("utf-8")))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+
+
+def load_config(path: Path) -> ServerConfig:
+    """Read conf/models.toml; a missing file means every default."""
+    raw = read_config_bytes(path)
+    return ServerConfig() if raw is None else parse_config_bytes(raw, path)

@@ -1,10 +1,13 @@
 """conf/models.toml as the master follows it: the last good configuration, and what is wrong with the file now.
 
-Runs in the master's rollout thread, which re-reads the file every poll. A broken edit never
+Runs in the master's rollout thread, which re-reads the file every poll. New content counts
+once two polls read the same bytes, as a version directory must settle: an editor's save that
+truncates then writes, or renames over the file, is never taken half-way. A broken edit never
 reaches a worker (workers take the configuration from the target, server.target): the master
 keeps the last configuration it accepted, logs the error once, sets
 forkserve_config_last_reload_successful to 0 and names the problem in every worker's /readyz;
-the next good version of the file is picked up and rolled out like a new model version.
+the next good version of the file is picked up and rolled out like a new model version. A file
+that disappears after it was read is such a problem too (an empty file means every default).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from server.config import ConfigError, ServerConfig, load_config
+from server.config import ConfigError, ServerConfig, parse_config_bytes, read_config_bytes
 from server.target import ConfigProblem
 
 log = logging.getLogger("forkserve.config")
@@ -27,22 +30,50 @@ class ConfigWatch:
         self.accepted = accepted  # what on_starting validated
         self.problem: ConfigProblem | None = None
         self._report = report or (lambda ok: None)
+        self._seen: bytes | None = _read_or_none(path)  # the bytes the accepted configuration came from
+        self._settled = self._seen
         self._report(True)
 
     def refresh(self) -> ServerConfig:
-        """Read the file again; the new configuration when it is valid, else the last good one."""
+        """Read the file again; the new configuration once it settled and is valid, else the last good one."""
         try:
-            config = load_config(self.path)
+            raw = read_config_bytes(self.path)
+            if raw is None and self._settled is not None:  # no file at the start means defaults; later, a mistake
+                raise ConfigError(f"{self.path} is missing (an empty file means every default)")
         except ConfigError as exc:
-            problem = ConfigProblem(str(exc), exc.model)
-            if problem != self.problem:
-                log.error("forkserve: %s; keeping the last good configuration", exc)
-                self._report(False)
-            self.problem = problem
+            self._seen = None
+            return self._refuse(exc)
+        if raw is None:
             return self.accepted
+        if raw != self._seen:  # changed since the last poll: wait until it stops changing
+            self._seen = raw
+            return self.accepted
+        if raw == self._settled and self.problem is None:
+            return self.accepted
+        self._settled = raw
+        try:
+            config = parse_config_bytes(raw, self.path)
+        except ConfigError as exc:
+            return self._refuse(exc)
         if self.problem is not None:
             log.info("forkserve: %s is valid again", self.path)
             self._report(True)
         self.problem = None
         self.accepted = config
         return config
+
+    def _refuse(self, exc: ConfigError) -> ServerConfig:
+        """Keep the last good configuration; log and report a new problem once."""
+        problem = ConfigProblem(str(exc), exc.model)
+        if problem != self.problem:
+            log.error("forkserve: %s; keeping the last good configuration", exc)
+            self._report(False)
+        self.problem = problem
+        return self.accepted
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return read_config_bytes(path)
+    except ConfigError:
+        return None

@@ -23,15 +23,19 @@ class Fleet:
     def __init__(self, arbiter: Any, send_signal: Callable[[int, int], None] | None = None) -> None:
         self.arbiter = arbiter
         self._send_signal = send_signal or _kill
+        self._retire_born_after: int | None = None  # while withdrawing: workers older than this stay
 
     def pids(self) -> list[int]:
-        """The arbiter's workers, oldest first (its dict changes under us: copy, retry on change)."""
+        """The arbiter's workers, oldest first."""
+        return [pid for pid, worker in sorted(self._workers(), key=lambda item: item[1].age)]
+
+    def _workers(self) -> list[tuple[int, Any]]:
+        """(pid, worker) pairs; the arbiter's dict changes under this thread: copy, retry on change."""
         while True:
             try:
-                workers = list(self.arbiter.WORKERS.items())
+                return list(self.arbiter.WORKERS.items())
             except RuntimeError:
                 continue
-            return [pid for pid, worker in sorted(workers, key=lambda item: item[1].age)]
 
     def add_worker(self) -> set[int]:
         """One worker more than now; returns the workers there were before it."""
@@ -53,14 +57,32 @@ class Fleet:
         to the raised count). `kill`: SIGKILL at once, for a worker that never accepted a
         connection and may be stuck in a load that no signal handler can interrupt.
         """
+        # NOTE: gunicorn may be forking a replacement for a dead extra right now (spawn_worker puts
+        # it into WORKERS only after pre_fork and fork); pre_fork calls mark_newborn, which marks
+        # it retiring at birth, so manage_workers never stops an old worker in its place.
+        self._retire_born_after = max((w.age for p, w in self._workers() if p in before), default=0)
         self._mark_retiring(self._since(before))
         self.arbiter.num_workers -= 1
-        extras = self._since(before)  # NOTE: again: one may have been forked between the two lines
+        extras = self._since(before)
         self._mark_retiring(extras)
         self.arbiter.wakeup()
         if kill:
             self.kill(extras)
         return extras
+
+    def mark_newborn(self, worker: Any) -> None:
+        """pre_fork (master main thread): a worker forked while a withdrawal runs is retiring from birth."""
+        threshold = self._retire_born_after
+        if threshold is not None and worker.age > threshold:
+            worker.age = RETIRING_AGE
+
+    def withdrawn(self, before: set[int]) -> list[int]:
+        """After a withdrawal: workers started since `before` that are still there (a late-forked one too)."""
+        return self._since(before)
+
+    def end_withdrawal(self) -> None:
+        """The extras are gone: workers forked from now on are ordinary again."""
+        self._retire_born_after = None
 
     def wait_gone(self, pids: Iterable[int], timeout: float) -> list[int]:
         """Wait until the arbiter reaped `pids`; returns those still there at the deadline."""

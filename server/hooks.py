@@ -148,6 +148,8 @@ def pre_fork(server: Any, worker: Any) -> None:
     A rollout adds a worker before it retires an old one, so with the fleet full the oldest
     workers (retiring ones sort first) do not count: the new worker takes the slot they free.
     """
+    if _controller is not None:
+        _controller.fleet.mark_newborn(worker)
     workers = server.cfg.workers  # the configured count; a rollout raises only server.num_workers
     if not Settings.current().pins_for(workers):
         return

@@ -175,13 +175,23 @@ class RolloutController:
             self._reloads_handled = self._reloads_requested
         self._count_deaths({})
         desired = self._desired("reload" if forced else "repository or configuration changed")
-        if not forced and desired.generation == self.current.generation:
+        if not forced and desired.generation == self.current.generation and not self._stragglers():
             if self.config.problem != self._published_problem:
                 self._publish(self.current)  # workers show the problem in /readyz
             return
         if not forced and desired.generation == self._given_up:
             return
         self._roll(desired, everyone=forced)
+
+    def _stragglers(self) -> list[int]:
+        """Live loaded workers on a generation that is neither the current one nor one given up on.
+
+        A rollout aborted after some workers were replaced leaves them on its target; the next
+        poll brings them back to what the others run.
+        """
+        live = set(self.fleet.pids())
+        return [pid for pid, state in read_worker_states(self.run_dir).items()
+                if pid in live and state.loaded and state.generation not in ("", self.current.generation, self._given_up)]
 
     def _desired(self, reason: str, trust_all: bool = False) -> Target:
         """What the policies select now from settled, not failed versions, with the accepted configuration."""
@@ -293,7 +303,7 @@ class RolloutController:
                     return outcome
                 waited_since = time.monotonic()
                 continue
-            booting = [p for p in pids if p not in states]  # forked by gunicorn, not reported yet
+            booting = [p for p in pids if p not in states or not states[p].loaded]  # not proven the target yet
             if not booting:
                 return Outcome(SUCCEEDED)
             if time.monotonic() - waited_since > self.knobs.boot_timeout:
@@ -308,6 +318,7 @@ class RolloutController:
             outcome, loaded = self._await_new_worker(before, target)
         except BaseException:  # NOTE: never leave the extra worker behind (the count stays raised for ever)
             self.fleet.withdraw(before, kill=True)
+            self.fleet.end_withdrawal()
             raise
         # A worker that never finished loading accepted no connection: nothing to drain, kill it.
         if outcome.kind == SUCCEEDED:
@@ -316,15 +327,26 @@ class RolloutController:
             going = [old_pid]
             if old_state is None or not old_state.loaded:
                 self.fleet.kill(going)
-        else:
-            going = self.fleet.withdraw(before, kill=not loaded)
-        left = self.fleet.wait_gone(going, self.knobs.graceful_timeout + 10)
+            self._wait_stopped(going, self.knobs.graceful_timeout + 10)
+            return outcome
+        going = self.fleet.withdraw(before, kill=not loaded)
+        try:
+            self._wait_stopped(going, self.knobs.graceful_timeout + 10 if loaded else 10)
+            late = [pid for pid in self.fleet.withdrawn(before) if pid not in going]  # forked during the withdrawal
+            self.fleet.kill(late)
+            self._wait_stopped(late, 10)
+        finally:
+            self.fleet.end_withdrawal()
+        self._await_exit_records(set(going) | set(late), 2.0)
+        return outcome
+
+    def _wait_stopped(self, pids: list[int], timeout: float) -> None:
+        """Wait until the arbiter reaped `pids`; kill those still there at the deadline."""
+        left = self.fleet.wait_gone(pids, timeout)
         if left:
             log.warning("forkserve: workers %s did not stop in time; killing them", left)
             self.fleet.kill(left)
-        if outcome.kind != SUCCEEDED:
-            self._await_exit_records(set(going), 2.0)
-        return outcome
+            self.fleet.wait_gone(left, 10)
 
     def _await_exit_records(self, pids: set[int], timeout: float) -> None:
         """Give child_exit (main thread) a moment to record workers the arbiter just reaped."""
@@ -372,16 +394,17 @@ class RolloutController:
         """SUCCEEDED when the worker serves every intended version, else which versions failed and why."""
         failed, missing = {}, []
         new_versions = _new_versions(target, self.current)
+        served = self._served_versions()  # by any live worker: one that loaded the target earlier, too
         for model, versions in target.intended().items():
             report = state.models.get(model)
             for version in versions:
                 if report is not None and version in report.serving:
                     continue
                 reason = report.failed.get(version, "not serving") if report is not None else "not loaded"
-                if (model, version) in new_versions:
+                if (model, version) in new_versions and (model, version) not in served:
                     failed[(model, version)] = f"rollout aborted: new worker {pid}: {reason}"
-                else:
-                    missing.append(f"{model} version {version} (served by the old workers): {reason}")
+                else:  # another worker loads it fine: this worker's trouble, not the version's
+                    missing.append(f"{model} version {version} (served by another worker): {reason}")
         if failed:
             detail = "; ".join(f"{m} version {v}: {why}" for (m, v), why in sorted(failed.items()))
             return Outcome(VERSIONS_FAILED, detail, failed, pid)
@@ -399,12 +422,14 @@ class RolloutController:
         for version in served:
             self.strikes.clear(version)
         failed = read_failed(self.run_dir)
+        sources = {(s.model, s.version): s for versions in self.settled.values() for s in versions}
         blamed: dict[VersionKey, str] = {}
         for pid, gone in sorted(exits.items()):
             if gone.loading is None or gone.reason == "graceful" or gone.loading in served:
                 continue
-            if gone.loading[1] in failed.get(gone.loading[0], {}):
-                continue  # marked already: a worker still loading it when it was marked
+            source = sources.get(gone.loading)
+            if gone.loading[1] in failed.get(gone.loading[0], {}) and (source is None or self._is_failed(source, failed)):
+                continue  # marked already (with these files): a worker still loading it when it was marked
             if self.strikes.add(gone.loading, details.get(pid, f"worker {pid} {gone.reason}")):
                 blamed[gone.loading] = self.strikes.verdict(gone.loading)
         self._mark_failed(blamed)

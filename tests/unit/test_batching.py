@@ -313,6 +313,17 @@ def test_a_cancelled_job_leaves_the_queue_and_its_rows_stop_counting(make_execut
     assert 777 not in model.seen()
 
 
+def test_a_job_cancelled_first_in_the_queue_does_not_hold_a_batch_open(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
+    executor = make_executor(max_batch_size=4, max_batch_delay_s=3.0)  # only a full batch goes before 3 s
+    block(executor, model)  # (the blocking call itself waits out the delay first)
+    cancelled = executor.submit("serving_default", {"x": rows(0, 1)}, 1, True)
+    assert cancelled.future.cancel()  # cancelled, but its cancel() has not removed it from the queue yet
+    full = enqueue(executor, "serving_default", {"x": rows(10, 4)}, 4, True)
+    model.gate.set()
+    np.testing.assert_array_equal(full.result(timeout=1.5)["y"], rows(10, 4) * 2 + 1)
+    assert executor.queued_rows == 0
+
+
 def test_a_running_job_cannot_be_withdrawn(make_executor: Callable[..., ModelExecutor], model: Model) -> None:
     executor = make_executor(max_batch_size=4)
     running = executor.submit("block", {"x": np.zeros((1, 1), np.float32)}, 1, True)

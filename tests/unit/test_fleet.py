@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from server.fleet import Fleet
+from server.fleet import RETIRING_AGE, Fleet
 from server.state import read_worker_states
 from server.target import Target, write_target
-from tests.unit.fake_arbiter import DIE, FakeArbiter, serve_intended
+from tests.unit.fake_arbiter import DIE, FakeArbiter, FakeWorker, serve_intended
 
 
 def arbiter(tmp_path: Path, workers: int = 2) -> FakeArbiter:
@@ -56,3 +56,18 @@ def test_wait_gone_returns_what_is_left_at_the_deadline(tmp_path: Path) -> None:
     assert fleet.wait_gone(pids, 0.05) == sorted(pids)
     fleet.kill([pids[0]])
     assert fleet.wait_gone([pids[0]], 1.0) == []
+
+
+def test_a_worker_forked_while_a_withdrawal_runs_is_marked_retiring_at_birth(tmp_path: Path) -> None:
+    fake = arbiter(tmp_path)
+    fleet = Fleet(fake, fake.send_signal)
+    before = fleet.add_worker()
+    ages = [fake.WORKERS[pid].age for pid in before]
+    fleet.withdraw(before, kill=False)
+    late = FakeWorker(pid=99, age=max(ages) + 10)  # what spawn_worker hands pre_fork before WORKERS has it
+    fleet.mark_newborn(late)
+    assert late.age == RETIRING_AGE
+    fleet.end_withdrawal()
+    later = FakeWorker(pid=100, age=max(ages) + 11)
+    fleet.mark_newborn(later)
+    assert later.age == max(ages) + 11

@@ -207,12 +207,12 @@ def test_a_failed_version_whose_files_change_is_tried_again_once_settled(fx: Fix
 def test_a_broken_config_edit_keeps_the_last_good_one_and_the_fix_rolls_out(fx: Fixture) -> None:
     before = set(fx.loaded())
     fx.conf.write_text('[models.a]\nmax_batch_size = "eight"\n')
-    fx.controller.poll()
+    fx.settle()
     assert set(fx.loaded()) == before
     problem = read_target(fx.run_dir).config_problem
     assert problem is not None and problem.model == "a" and "max_batch_size must be an integer" in problem.message
     fx.conf.write_text("[models.a]\nmax_batch_size = 8\n")
-    fx.controller.poll()
+    fx.settle()
     target = read_target(fx.run_dir)
     assert target.config_problem is None and target.config.for_model("a").max_batch_size == 8
     assert not before & set(fx.loaded())  # a configuration change rolls every worker
@@ -241,3 +241,43 @@ def test_a_graceful_exit_or_a_served_version_never_counts(fx: Fixture) -> None:
     fx.controller.poll()
     assert read_failed(fx.run_dir) == {}
     assert all(s.phase == LOADED for s in fx.loaded().values())
+
+
+def test_a_version_one_new_worker_serves_is_not_failed_by_another_s_bad_luck(fx: Fixture) -> None:
+    unlucky = iter([False, True])  # the second new worker fails to load b/5 (a one-off, caught OOM)
+    fx.arbiter.boot = lambda pid, target: (failing({("b", 5)}) if next(unlucky, False) else serve_intended)(pid, target)
+    add_version(fx.models, "b", 5)
+    fx.settle()
+    fx.controller.poll()
+    assert read_failed(fx.run_dir) == {}
+    assert fx.serving() == [{"a": [1], "b": [5]}] * WORKERS
+
+
+def test_workers_left_on_an_aborted_target_are_brought_back(fx: Fixture) -> None:
+    second = iter([False, True])
+    fx.arbiter.boot = lambda pid, target: (failing({("b", 5)}) if next(second, False) else serve_intended)(pid, target)
+    add_version(fx.models, "b", 5)
+    fx.controller.poll()
+    fx.controller.poll()  # the first new worker serves b/5; the second fails it: the rollout gives b/5 up
+    fx.arbiter.boot = failing({("b", 5)})
+    write_worker_state(fx.run_dir, WorkerState(1, "x"))  # noise: not a live worker
+    for _ in range(3):
+        fx.controller.poll()
+    assert len({s.generation for s in fx.loaded().values()}) == 1  # one generation again
+
+
+def test_a_failed_version_copied_again_that_kills_workers_gets_strikes(fx: Fixture) -> None:
+    fx.arbiter.boot = failing({("b", 5)})
+    copy = add_version(fx.models, "b", 5)
+    add_version(fx.models, "a", 2)
+    fx.settle()
+    assert 5 in read_failed(fx.run_dir)["b"]
+    fx.controller.poll()  # a/2 rolls out without b/5
+    assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
+    fx.arbiter.boot = dies_loading("b", 5, fx.run_dir)
+    (copy / "model.keras").write_bytes(os.urandom(200))  # re-copied: tried again once settled
+    fx.settle()
+    fx.controller.poll()
+    assert "workers died loading it" in read_failed(fx.run_dir)["b"][5].reason
+    fx.controller.poll()
+    assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
