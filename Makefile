@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test unit e2e install install-dev system-deps lint clean
+.PHONY: run test unit e2e install install-dev system-deps lint diagrams clean
 
 # What serving needs (requirements.txt), and forkserve itself so `python -m server` works from any directory.
 $(BIN)/.serving: requirements.txt pyproject.toml
@@ -39,6 +39,9 @@ e2e: install-dev system-deps
 
 lint: install-dev
 	$(BIN)/ruff check --select F,E9 server tests bench scripts gunicorn.conf.py
+
+diagrams:
+	for source in docs/diagrams/*.dot; do dot -Tsvg "$$source" -o "$${source%.dot}.svg"; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -7,15 +7,16 @@ it must not import tensorflow or keras, directly or through what it imports.
 from server.settings import Settings
 
 _settings = Settings.current()
-_settings.export()  # NOTE: before server.hooks imports prometheus_client (multiprocess mode)
+_settings.export()  # NOTE: before the hooks import prometheus_client (multiprocess mode)
 
-from server import hooks  # noqa: E402
-from server.access_log import FORMAT  # noqa: E402
+from server.master import hooks as master  # noqa: E402
+from server.telemetry.access_log import FORMAT  # noqa: E402
+from server.worker import hooks as worker  # noqa: E402
 
-wsgi_app = "server.app:create_app()"
+wsgi_app = "server.http.app:create_app()"
 bind = [_settings.bind]
 workers = _settings.workers
-worker_class = "server.gthread_worker.ForkserveWorker"  # gthread that leaves Ctrl-C to the master
+worker_class = "server.worker.gthread.ForkserveWorker"  # gthread that leaves Ctrl-C to the master
 threads = _settings.threads
 preload_app = False  # NOTE: True would import the app, and with it TensorFlow, in the master
 timeout = 30  # heartbeat (kept during model loads up to FORKSERVE_BOOT_TIMEOUT); requests have their own deadline
@@ -26,13 +27,15 @@ pidfile = str(_settings.run_dir / "gunicorn.pid")  # `python -m server reload` s
 loglevel = _settings.log_level
 accesslog = "-" if _settings.access_log else None
 access_log_format = FORMAT
-logger_class = "server.access_log.AccessLogger"  # writes access lines in bulk (see its docstring)
+logger_class = "server.telemetry.access_log.AccessLogger"  # writes access lines in bulk (see its docstring)
 
-on_starting = hooks.on_starting
-when_ready = hooks.when_ready
-pre_fork = hooks.pre_fork
-post_fork = hooks.post_fork
-post_worker_init = hooks.post_worker_init
-worker_exit = hooks.worker_exit
-child_exit = hooks.child_exit
-on_exit = hooks.on_exit
+# Hooks run in the master (the arbiter) ...
+on_starting = master.on_starting
+when_ready = master.when_ready
+pre_fork = master.pre_fork
+child_exit = master.child_exit
+on_exit = master.on_exit
+# ... and in each worker, after fork.
+post_fork = worker.post_fork
+post_worker_init = worker.post_worker_init
+worker_exit = worker.worker_exit

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-from server.metrics_files import scrape
+from server.telemetry.files import scrape
 from tests.e2e.harness import Server
 
 

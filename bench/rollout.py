@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import models
-from server.publish import publish
+from server.cli.publish import publish
 from server.state import read_worker_states
 from tests.e2e.harness import Server, wait_until
 from tests.e2e.nginx import Nginx

@@ -83,7 +83,7 @@ class Settings:
     inter_op_threads: int
     max_body_bytes: int
     log_level: str
-    access_log: bool  # one gunicorn access-log line per request (costs CPU: see README)
+    access_log: bool  # one gunicorn access-log line per request (costs CPU: see docs/performance.md)
     run_dir: Path  # worker state files and the metrics directory; one per instance
     metrics_dir: Path  # prometheus_client multiprocess directory
     multiprocess_metrics: bool  # PROMETHEUS_MULTIPROC_DIR is set (always under gunicorn.conf.py)

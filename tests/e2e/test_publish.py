@@ -52,7 +52,7 @@ def test_function_refuses_lambda_layers_and_publishes_a_savedmodel_without_impor
     models = tmp_path / "models"
     probe = f"""
 import json, sys
-from server.publish import PublishError, publish
+from server.cli.publish import PublishError, publish
 out = {{}}
 try:
     publish("lam", {str(KERAS2 / 'lambda.h5')!r}, {str(models)!r})

@@ -34,7 +34,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
     conf = _load({}, tmp_path)
     assert conf["bind"] == ["127.0.0.1:8000"]
     assert conf["workers"] == conf["cpus"]
-    assert conf["worker_class"] == "server.gthread_worker.ForkserveWorker" and conf["threads"] >= 4
+    assert conf["worker_class"] == "server.worker.gthread.ForkserveWorker" and conf["threads"] >= 4
     assert conf["preload_app"] is False
     assert conf["hooks"] == [
         "child_exit", "on_exit", "on_starting", "post_fork", "post_worker_init", "pre_fork", "when_ready", "worker_exit",

@@ -1,0 +1,84 @@
+"""create_app(): the Flask application of one worker (models are loaded by the worker hook)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+
+from flask import Flask, Response, g, request
+from werkzeug.exceptions import HTTPException
+
+from server.config import ServerConfig, load_config
+from server.errors import ApiError, ResourceExhausted
+from server.http import health, instrument, metrics, openapi, tfserving, v2
+from server.http.common import json_response
+from server.settings import Settings
+from server.worker.registry import ModelRegistry
+
+log = logging.getLogger("forkserve.app")
+
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def create_app(settings: Settings | None = None, config: ServerConfig | None = None) -> Flask:
+    """Build the app with an empty model registry; `registry.load_all()` fills it.
+
+    Under gunicorn the models and their configuration come from the master's target
+    (server.target); `config` (or conf/models.toml, read at load time) only serves an app run
+    without a master. Never raises on a bad configuration: a worker boot error halts gunicorn.
+    """
+    settings = settings or Settings.current()
+    app = Flask("forkserve")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.extensions["forkserve"] = ModelRegistry(
+        settings.models_dir, settings.run_dir, config if config is not None else (lambda: load_config(settings.conf_path))
+    )
+    app.extensions["forkserve.settings"] = settings
+    app.register_blueprint(health.blueprint)
+    app.register_blueprint(tfserving.blueprint)
+    app.register_blueprint(metrics.blueprint)
+    app.register_blueprint(v2.blueprint)
+    app.register_blueprint(openapi.blueprint)
+    app.before_request(_assign_request_id)
+    app.after_request(_echo_request_id)
+    app.after_request(instrument.finish)
+    app.teardown_request(instrument.release)
+    app.register_error_handler(ApiError, _api_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected_error)
+    return app
+
+
+def _assign_request_id() -> None:
+    """Use the caller's X-Request-Id when it is sane, else make one."""
+    given = request.headers.get("X-Request-Id", "")
+    g.request_id = given if REQUEST_ID_RE.match(given) else uuid.uuid4().hex
+
+
+def _echo_request_id(response: Response) -> Response:
+    """Every response carries the request id."""
+    response.headers["X-Request-Id"] = g.get("request_id", "")
+    return response
+
+
+def _api_error(exc: ApiError) -> Response:
+    """A known failure: TF Serving's `{"error": ...}` with its status."""
+    if exc.status >= 500:
+        log.warning("request %s failed with %d: %s", g.get("request_id"), exc.status, exc.message)
+    response = json_response({"error": exc.message}, status=exc.status)
+    if isinstance(exc, ResourceExhausted) or exc.status == 503:
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def _http_error(exc: HTTPException) -> Response:
+    """Routing and protocol errors (404, 405, 413, ...) as JSON, never HTML."""
+    return json_response({"error": exc.description or exc.name}, status=exc.code or 500)
+
+
+def _unexpected_error(exc: Exception) -> Response:
+    """A bug: log the traceback once with the request id, tell the client only the id."""
+    request_id = g.get("request_id", "")
+    log.exception("request %s: unexpected error", request_id)
+    return json_response({"error": f"internal error (request id {request_id})"}, status=500)

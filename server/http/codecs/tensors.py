@@ -1,0 +1,170 @@
+"""JSON values to numpy arrays checked against a signature: dtype, shape, batch, finiteness."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from server.config import ModelConfig
+from server.errors import InvalidArgument
+from server.http.codecs.b64 import decode_b64, is_b64_value
+from server.http.codecs.images import decode_image
+from server.signature import SignatureInfo, TensorInfo
+
+
+def _ragged(name: str, exc: Exception) -> InvalidArgument:
+    """A short 400 for nested lists numpy cannot stack (its own message runs for lines)."""
+    depth = re.search(r"after (\d+) dimension", str(exc))
+    where = f": the lists at depth {int(depth[1]) + 1} differ in length" if depth else ""
+    return InvalidArgument(f"input {name!r} is ragged{where}; every row must have the same shape")
+
+
+def utf8(text: str, name: str) -> bytes:
+    """A JSON string as UTF-8 bytes; lone surrogates (which json lets through) are a 400."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{name!r}: string is not valid Unicode: {exc.reason}") from None
+
+
+def _string_tensor(value: Any, name: str) -> np.ndarray:
+    """Nested lists of str / {"b64"} values to an object array of bytes."""
+
+    def convert(item: Any) -> Any:
+        if isinstance(item, list):
+            return [convert(x) for x in item]
+        if isinstance(item, str):
+            return utf8(item, name)
+        if is_b64_value(item):
+            return decode_b64(item["b64"])
+        raise InvalidArgument(f"input {name!r} takes strings, got {type(item).__name__}")
+
+    converted = convert(value)
+    try:
+        array = np.array(converted, dtype=object)
+    except ValueError as exc:
+        raise _ragged(name, exc) from None
+    if array.dtype != object or (array.size and not all(isinstance(x, bytes) for x in array.flat)):
+        raise InvalidArgument(f"input {name!r} is ragged: every row needs the same shape")
+    return array
+
+
+def numeric_array(value: Any, info: TensorInfo) -> np.ndarray:
+    """Nested lists of numbers to an array of the input's dtype, refusing lossy casts."""
+    try:
+        array = np.asarray(value)
+    except OverflowError:
+        raise InvalidArgument(f"input {info.name!r}: value out of range for {info.dtype}") from None
+    except ValueError as exc:
+        raise _ragged(info.name, exc) from None
+    kind = array.dtype.kind
+    wanted = np.dtype(info.dtype)
+    if kind in "OUS" or kind == "V":
+        raise InvalidArgument(
+            f"input {info.name!r} takes {info.dtype} numbers; got strings, objects or rows of different shapes"
+        )
+    if wanted.kind == "b":
+        if kind != "b":
+            raise InvalidArgument(f"input {info.name!r} takes booleans, got {array.dtype.name} values")
+    elif kind == "b":
+        raise InvalidArgument(f"input {info.name!r} takes {info.dtype}, got booleans")
+    elif wanted.kind in "iu" and kind == "f":
+        raise InvalidArgument(f"input {info.name!r} takes {info.dtype}, got floating-point values")
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = array.astype(wanted, copy=False)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidArgument(f"input {info.name!r}: value out of range for {info.dtype}: {exc}") from None
+    if wanted.kind in "iu" and not np.array_equal(cast, array):
+        raise InvalidArgument(f"input {info.name!r}: value out of range for {info.dtype}")
+    return cast
+
+
+def _image_rows(rows: list[Any], info: TensorInfo, config: ModelConfig) -> np.ndarray:
+    """A batch where rows may be `{"b64": <image>}` or nested numbers."""
+    decoded = [
+        decode_image(decode_b64(row["b64"]), info, config) if is_b64_value(row) else numeric_array(row, info)
+        for row in rows
+    ]
+    shapes = {a.shape for a in decoded}
+    if len(shapes) != 1:
+        raise InvalidArgument(f"input {info.name!r}: rows have different shapes {sorted(shapes)}")
+    return np.stack(decoded)
+
+
+def to_array(value: Any, info: TensorInfo, config: ModelConfig, batched: bool = True) -> np.ndarray:
+    """Convert the JSON value of one input (the whole batch) to numpy."""
+    if info.dtype == "string":
+        return _string_tensor(value, info.name)
+    if info.is_image:
+        if is_b64_value(value) and not batched:
+            return decode_image(decode_b64(value["b64"]), info, config)
+        if isinstance(value, list) and any(is_b64_value(row) for row in value):
+            return _image_rows(value, info, config)
+    if is_b64_value(value) or (isinstance(value, list) and value and is_b64_value(value[0])):
+        raise InvalidArgument(
+            f"input {info.name!r} is {info.dtype} {info.describe_shape()}, not an image or string input: "
+            "b64 values are not accepted"
+        )
+    return numeric_array(value, info)
+
+
+def _fit_shape(array: np.ndarray, info: TensorInfo, strict: bool) -> np.ndarray:
+    """Check the array against the signature shape; add trailing size-1 dimensions it left out."""
+    expected = info.shape
+    if expected is None:
+        return array
+    actual = array.shape
+    if len(actual) < len(expected) and all(d == 1 for d in expected[len(actual):]):
+        # [1.0, 2.0] for an input of shape [-1, 1] (TF Serving's own half_plus_two example).
+        if _dims_match(actual, expected[: len(actual)]):
+            return array.reshape(actual + (1,) * (len(expected) - len(actual))) if strict else array
+    if len(actual) != len(expected):
+        raise InvalidArgument(
+            f"input {info.name!r} has rank {len(actual)} (shape {list(actual)}), "
+            f"the model takes rank {len(expected)} {info.describe_shape()}"
+        )
+    if not _dims_match(actual, expected):
+        raise InvalidArgument(
+            f"input {info.name!r} has shape {list(actual)}, the model takes {info.describe_shape()}"
+        )
+    return array
+
+
+def _dims_match(actual: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:
+    """Every fixed dimension of `expected` equals the actual size."""
+    return all(e is None or e == a for a, e in zip(actual, expected))
+
+
+def validate_inputs(
+    arrays: dict[str, np.ndarray], signature: SignatureInfo, config: ModelConfig
+) -> tuple[dict[str, np.ndarray], int]:
+    """Check names, shapes, batch size and finiteness; return the arrays to feed and the batch size."""
+    missing = sorted(set(signature.inputs) - set(arrays))
+    if missing:
+        raise InvalidArgument(f"missing input(s) {missing}; signature {signature.name!r} takes {sorted(signature.inputs)}")
+    unknown = sorted(set(arrays) - set(signature.inputs))
+    if unknown:
+        raise InvalidArgument(f"unknown input(s) {unknown}; signature {signature.name!r} takes {sorted(signature.inputs)}")
+    fed: dict[str, np.ndarray] = {}
+    batch_sizes = set()
+    for name, info in signature.inputs.items():
+        array = _fit_shape(arrays[name], info, signature.strict_shapes)
+        if array.ndim == 0:
+            if signature.batchable:
+                raise InvalidArgument(f"input {name!r} is a scalar; the model takes a batch {info.describe_shape()}")
+        else:
+            batch_sizes.add(array.shape[0])
+        if array.dtype.kind == "f" and not config.allow_non_finite and not np.isfinite(array).all():
+            raise InvalidArgument(f"input {name!r} holds NaN or Infinity (or a number too large for {info.dtype})")
+        fed[name] = array
+    if len(batch_sizes) > 1:
+        raise InvalidArgument(f"inputs disagree on the batch size: {sorted(batch_sizes)}")
+    batch = batch_sizes.pop() if batch_sizes else 1
+    if batch == 0:
+        raise InvalidArgument("empty batch: send at least one instance")
+    if batch > config.max_request_rows:
+        raise InvalidArgument(f"request has {batch} rows; the limit is {config.max_request_rows} (max_request_rows)")
+    return fed, batch

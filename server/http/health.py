@@ -1,0 +1,22 @@
+"""Liveness and readiness of this worker."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response
+
+from server.http.common import json_response, registry
+
+blueprint = Blueprint("health", __name__)
+
+
+@blueprint.get("/healthz")
+def healthz() -> Response:
+    """Liveness: the worker answers HTTP."""
+    return json_response({"status": "alive"})
+
+
+@blueprint.get("/readyz")
+def readyz() -> Response:
+    """Readiness: 200 once every model has a warm version; 503 naming what is loading or failed."""
+    ready, models = registry().readiness()
+    return json_response({"status": "ready" if ready else "not ready", "models": models}, status=200 if ready else 503)

@@ -1,0 +1,70 @@
+"""Per-request metrics of the inference APIs: count, end-to-end latency, stage times, in flight."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from flask import Response, g
+
+from server.telemetry import metrics
+from server.telemetry.buffer import BUFFER
+
+UNKNOWN_MODEL = "_unknown"  # a 404 for a name that is not served must not create a label per name
+
+
+@dataclass
+class Inference:
+    """What one inference request has recorded so far."""
+
+    model: str
+    api: str
+    started: float = field(default_factory=time.perf_counter)
+    version: str = ""
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+def begin(model: str, api: str) -> None:
+    """Start measuring an inference request of `api` ("predict", "classify", ...) for `model`."""
+    g.inference = Inference(model, api)
+    BUFFER.add(metrics.INFLIGHT_REQUESTS, (model,), 1)
+
+
+def set_model(model: str) -> None:
+    """The model the request turned out to address (begin() was called before the path was checked)."""
+    inference: Inference | None = g.get("inference")
+    if inference is not None and inference.model != model:
+        BUFFER.add(metrics.INFLIGHT_REQUESTS, (inference.model,), -1)
+        BUFFER.add(metrics.INFLIGHT_REQUESTS, (model,), 1)
+        inference.model = model
+
+
+def set_version(version: int) -> None:
+    """The version that is answering."""
+    if "inference" in g:
+        g.inference.version = str(version)
+
+
+def stage(name: str, seconds: float) -> None:
+    """Record the time of one stage: decode, queue, compute or encode."""
+    if "inference" in g:
+        g.inference.stages[name] = seconds
+
+
+def finish(response: Response) -> Response:
+    """after_request: count the request with its status code and observe its times."""
+    inference: Inference | None = g.get("inference")
+    if inference is not None:
+        model = inference.model
+        BUFFER.add(metrics.REQUESTS, (model, inference.version, inference.api, str(response.status_code)), 1)
+        BUFFER.add(metrics.REQUEST_SECONDS, (model, inference.api), time.perf_counter() - inference.started)
+        for name, stage_seconds in inference.stages.items():
+            BUFFER.add(metrics.STAGE_SECONDS, (model, name), stage_seconds)
+    return response
+
+
+def release(_: BaseException | None = None) -> None:
+    """teardown_request: the request is no longer in flight, whatever happened."""
+    inference: Inference | None = g.pop("inference", None)
+    if inference is not None:
+        BUFFER.add(metrics.INFLIGHT_REQUESTS, (inference.model,), -1)

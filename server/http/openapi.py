@@ -1,0 +1,200 @@
+"""GET /openapi.json: an OpenAPI 3 description of every endpoint (tested with schemathesis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response
+
+from server.http.common import json_response
+
+blueprint = Blueprint("openapi", __name__)
+
+JSON = "application/json"
+ERROR = {"$ref": "#/components/schemas/Error"}
+ANY_JSON = {}  # any JSON value
+
+
+def _content(schema: dict[str, Any]) -> dict[str, Any]:
+    return {JSON: {"schema": schema}}
+
+
+def _responses(ok: dict[str, Any], *errors: int, ok_status: str = "200") -> dict[str, Any]:
+    """A 200 with `ok` and each error status with the {"error": ...} body."""
+    responses = {ok_status: {"description": "OK", "content": _content(ok)}}
+    for status in errors:
+        responses[str(status)] = {"description": "error", "content": _content(ERROR)}
+    return responses
+
+
+NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}, "description": "model name"}
+VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}, "description": "version number"}
+LABEL = {"name": "label", "in": "path", "required": True, "schema": {"type": "string"}, "description": "version label"}
+REQUEST_ID = {"name": "X-Request-Id", "in": "header", "required": False, "schema": {"type": "string"}}
+LOOKUP_ERRORS = (400, 404, 405, 503)
+INFER_ERRORS = (400, 404, 405, 413, 415, 503, 504)
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+    "ModelVersionStatus": {
+        "type": "object",
+        "required": ["model_version_status"],
+        "properties": {
+            "model_version_status": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["version", "state", "status"],
+                    "properties": {
+                        "version": {"type": "string"},
+                        "state": {"type": "string", "enum": ["UNKNOWN", "START", "LOADING", "AVAILABLE", "UNLOADING", "END"]},
+                        "status": {
+                            "type": "object",
+                            "properties": {"error_code": {"type": "string"}, "error_message": {"type": "string"}},
+                        },
+                    },
+                },
+            }
+        },
+    },
+    "ModelMetadata": {
+        "type": "object",
+        "required": ["model_spec", "metadata"],
+        "properties": {"model_spec": {"type": "object"}, "metadata": {"type": "object"}},
+    },
+    "PredictRequest": {
+        "type": "object",
+        "properties": {"signature_name": {"type": "string"}, "instances": {"type": "array"}, "inputs": ANY_JSON},
+    },
+    "PredictResponse": {"type": "object", "properties": {"predictions": ANY_JSON, "outputs": ANY_JSON}},
+    "ExamplesRequest": {
+        "type": "object",
+        "properties": {"signature_name": {"type": "string"}, "context": {"type": "object"}, "examples": {"type": "array", "items": {"type": "object"}}},
+    },
+    "ResultsResponse": {"type": "object", "required": ["results"], "properties": {"results": {"type": "array"}}},
+    "Health": {"type": "object", "properties": {"status": {"type": "string"}, "models": {"type": "object"}}},
+    "V2Tensor": {
+        "type": "object",
+        "required": ["name", "shape", "datatype"],
+        "properties": {
+            "name": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer"}},
+            "datatype": {"type": "string"},
+            "parameters": {"type": "object"},
+            "data": ANY_JSON,
+        },
+    },
+    "V2InferRequest": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "parameters": {"type": "object"},
+            "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/V2Tensor"}},
+            "outputs": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}}}},
+        },
+    },
+    "V2InferResponse": {
+        "type": "object",
+        "required": ["model_name", "outputs"],
+        "properties": {
+            "model_name": {"type": "string"},
+            "model_version": {"type": "string"},
+            "id": {"type": "string"},
+            "outputs": {"type": "array", "items": {"$ref": "#/components/schemas/V2Tensor"}},
+        },
+    },
+    "V2ModelMetadata": {
+        "type": "object",
+        "required": ["name", "versions", "platform", "inputs", "outputs"],
+        "properties": {
+            "name": {"type": "string"},
+            "versions": {"type": "array", "items": {"type": "string"}},
+            "platform": {"type": "string"},
+            "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/V2Tensor"}},
+            "outputs": {"type": "array", "items": {"$ref": "#/components/schemas/V2Tensor"}},
+        },
+    },
+    "V2Ready": {"type": "object", "properties": {"ready": {"type": "boolean"}}},
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _tfserving_paths() -> dict[str, Any]:
+    """/v1/models/...: status, metadata, predict, classify, regress, for latest, versions and labels."""
+    paths: dict[str, Any] = {}
+    addressing = {"": [NAME], "/versions/{version}": [NAME, VERSION], "/labels/{label}": [NAME, LABEL]}
+    for suffix, parameters in addressing.items():
+        base = "/v1/models/{name}" + suffix
+        paths[base] = {"get": {"summary": "Model version status", "parameters": parameters + [REQUEST_ID],
+                               "responses": _responses(_ref("ModelVersionStatus"), *LOOKUP_ERRORS)}}
+        paths[base + "/metadata"] = {"get": {"summary": "Signature defs", "parameters": parameters,
+                                             "responses": _responses(_ref("ModelMetadata"), *LOOKUP_ERRORS)}}
+        paths[base + ":predict"] = {"post": {
+            "summary": "Predict (row or columnar)", "parameters": parameters + [REQUEST_ID],
+            "requestBody": {"required": True, "content": _content(_ref("PredictRequest"))},
+            "responses": _responses(_ref("PredictResponse"), *INFER_ERRORS)}}
+        for verb in ("classify", "regress"):
+            paths[f"{base}:{verb}"] = {"post": {
+                "summary": f"{verb.capitalize()} tf.Examples", "parameters": parameters,
+                "requestBody": {"required": True, "content": _content(_ref("ExamplesRequest"))},
+                "responses": _responses(_ref("ResultsResponse"), *INFER_ERRORS)}}
+    return paths
+
+
+def _v2_paths() -> dict[str, Any]:
+    """/v2: server metadata, health, model metadata, readiness, infer."""
+    paths: dict[str, Any] = {
+        "/v2": {"get": {"summary": "Server metadata", "responses": _responses(
+            {"type": "object", "required": ["name", "version", "extensions"]})}},
+        "/v2/health/live": {"get": {"summary": "Liveness", "responses": _responses(_ref("V2Ready"))}},
+        "/v2/health/ready": {"get": {"summary": "Readiness (400 when not ready)", "responses": {
+            "200": {"description": "ready", "content": _content(_ref("V2Ready"))},
+            "400": {"description": "not ready", "content": _content(_ref("V2Ready"))}}}},
+    }
+    for suffix, parameters in {"": [NAME], "/versions/{version}": [NAME, VERSION]}.items():
+        base = "/v2/models/{name}" + suffix
+        paths[base] = {"get": {"summary": "Model metadata", "parameters": parameters,
+                               "responses": _responses(_ref("V2ModelMetadata"), *LOOKUP_ERRORS)}}
+        ready = _responses(_ref("V2Ready"), 404, 405)
+        ready["400"] = {"description": "not ready", "content": _content({"type": "object"})}
+        paths[base + "/ready"] = {"get": {"summary": "Model readiness", "parameters": parameters, "responses": ready}}
+        infer = _responses(_ref("V2InferResponse"), *INFER_ERRORS)
+        infer["200"]["content"]["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+        paths[base + "/infer"] = {"post": {
+            "summary": "Inference (JSON, or the binary tensor extension)", "parameters": parameters,
+            "requestBody": {"required": True, "content": _content(_ref("V2InferRequest"))},
+            "responses": infer}}
+    return paths
+
+
+def spec() -> dict[str, Any]:
+    """The whole document."""
+    paths = {
+        "/healthz": {"get": {"summary": "Liveness", "responses": _responses(_ref("Health"))}},
+        "/readyz": {"get": {"summary": "Readiness of this worker", "responses": {
+            "200": {"description": "ready", "content": _content(_ref("Health"))},
+            "503": {"description": "loading or failed", "content": _content(_ref("Health"))}}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics of every worker", "responses": {
+            "200": {"description": "text exposition", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            "503": {"description": "metrics unavailable", "content": _content(ERROR)}}}},
+        "/openapi.json": {"get": {"summary": "This document", "responses": _responses({"type": "object"})}},
+        **_tfserving_paths(),
+        **_v2_paths(),
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "forkserve", "version": "0.1.0",
+                 "description": "TensorFlow Serving REST API and Open Inference Protocol V2 for Keras/TensorFlow models."},
+        "paths": paths,
+        "components": {"schemas": SCHEMAS},
+    }
+
+
+@blueprint.get("/openapi.json")
+def openapi() -> Response:
+    """The OpenAPI document."""
+    return json_response(spec())

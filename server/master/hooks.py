@@ -1,0 +1,149 @@
+"""gunicorn hooks that run in the master (the arbiter), and what they start there.
+
+gunicorn.conf.py points each master hook here. This module and everything it imports must never
+import tensorflow or keras: TF state in the master hangs the workers it forks. prometheus_client
+is imported inside the hooks, never before on_starting has wiped the metrics directory (the
+master's own value files would go with it). "This is called pre-fork so it shouldn't do anything
+to the current process" holds for pre_fork as it does in gunicorn.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+from typing import Any
+
+from server.config import ConfigError, ServerConfig, load_config
+from server.master import cpus
+from server.settings import Settings
+from server.state import read_exit_reason, remove_worker_state, workers_dir
+from server.target import FAILED_FILE, TARGET_FILE
+
+log = logging.getLogger("forkserve.master")
+
+_controller: Any = None  # the master's RolloutController (one per master process)
+_start_config = ServerConfig()  # what on_starting validated; the controller starts from it
+
+
+def on_starting(server: Any) -> None:
+    """Master, before the listeners open: refuse to start on a bad configuration, prepare the run directory."""
+    global _start_config
+    settings = Settings.current()
+    settings.export()
+    _share_gunicorn_log(server)
+    atexit.register(_clean_run_dir_after_failed_start, os.getpid())
+    try:
+        _start_config = load_config(settings.conf_path)
+        if not settings.models_dir.is_dir():
+            raise ConfigError(f"model repository {settings.models_dir} is not a directory (FORKSERVE_MODELS)")
+    except ConfigError as exc:
+        # NOTE: one line, not gunicorn's traceback; SystemExit leaves gunicorn's start quietly.
+        server.log.error("forkserve: cannot start: %s", exc)
+        if getattr(server, "pidfile", None) is not None:
+            server.pidfile.unlink()
+        raise SystemExit(1) from None
+    for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True, exist_ok=True)
+    # NOTE: import the metric definitions now, after the wipe: workers inherit the module already
+    # initialised, so a metrics directory that breaks later can never fail a worker's app import.
+    from server.telemetry import metrics  # noqa: F401
+
+    server.log.info(
+        "forkserve: models %s, conf %s, %d workers x %d threads, %d CPUs",
+        settings.models_dir, settings.conf_path, server.cfg.workers, server.cfg.threads, settings.cpus,
+    )
+    server.log.info("forkserve: run directory %s", settings.run_dir)
+
+
+def when_ready(server: Any) -> None:
+    """Master, listeners open, before the first workers fork: publish the target, start the watcher.
+
+    SIGHUP is rerouted to the readiness-gated rollout: gunicorn's own HUP forks new workers and
+    stops the old ones at once, before the new ones have loaded TensorFlow and the models.
+    """
+    global _controller
+    from server.master.fleet import Fleet
+    from server.master.rollout import RolloutController, RolloutSettings
+
+    settings = Settings.current()
+    knobs = RolloutSettings(
+        poll_interval=settings.poll_interval, boot_timeout=settings.boot_timeout,
+        graceful_timeout=server.cfg.graceful_timeout, attempts=settings.rollout_attempts,
+        backoff=settings.rollout_backoff,
+    )
+    _controller = RolloutController(
+        Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config,
+    )
+    _controller.publish_initial_target()
+    server.handle_hup = lambda: _controller.request_reload("SIGHUP")
+    _controller.start()
+
+
+def on_exit(server: Any) -> None:
+    """Master, last thing before it exits: remove what it made in the run directory."""
+    if _controller is not None:
+        _controller.stop()
+    _remove_run_files(Settings.current())
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """Master, after reaping a worker (SIGKILL included): count the exit, fold its metrics, forget it."""
+    from server.telemetry import files, metrics
+
+    settings = Settings.current()
+    reason = "timeout" if worker.aborted else read_exit_reason(settings.run_dir, worker.pid) or "killed"
+    if _controller is not None:
+        _controller.worker_exited(worker.pid, reason)  # NOTE: before its state file goes: where it was loading
+    metrics.record(lambda: metrics.WORKER_EXITS.labels(reason).inc())
+    try:
+        files.compact_dead_process(settings.metrics_dir, worker.pid)
+    except OSError as exc:  # a full disk or a removed directory degrades metrics, not serving
+        server.log.warning("forkserve: could not fold metrics of worker %s: %s", worker.pid, exc)
+    remove_worker_state(settings.run_dir, worker.pid)
+
+
+def _share_gunicorn_log(server: Any) -> None:
+    """Send forkserve's loggers to gunicorn's error log (workers inherit this after fork)."""
+    forkserve_log = logging.getLogger("forkserve")
+    forkserve_log.handlers = list(server.log.error_log.handlers)
+    forkserve_log.setLevel(server.log.error_log.level)
+    forkserve_log.propagate = False
+
+
+def _remove_run_files(settings: Settings) -> None:
+    """Remove what forkserve made in the run directory, and the directory itself when that empties it."""
+    for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
+        shutil.rmtree(directory, ignore_errors=True)
+    for name in (TARGET_FILE, FAILED_FILE, "gunicorn.pid"):
+        (settings.run_dir / name).unlink(missing_ok=True)
+    try:
+        settings.run_dir.rmdir()  # only when empty: a run directory the user gave may hold more
+    except OSError:
+        pass
+
+
+def _clean_run_dir_after_failed_start(master_pid: int) -> None:
+    """atexit in the master: a start that failed before gunicorn's own exit path (port in use) leaves nothing."""
+    if os.getpid() == master_pid and _controller is None:  # workers inherit this handler; on_exit covers a run
+        _remove_run_files(Settings.current())
+
+
+def pre_fork(server: Any, worker: Any) -> None:
+    """Master, before each fork: give the new worker the CPU slot the fewest other workers keep.
+
+    A rollout adds a worker before it retires an old one, so with the fleet full the oldest
+    workers (retiring ones sort first) do not count: the new worker takes the slot they free.
+    """
+    if _controller is not None:
+        _controller.fleet.mark_newborn(worker)
+    workers = server.cfg.workers  # the configured count; a rollout raises only server.num_workers
+    if not Settings.current().pins_for(workers):
+        return
+    slots = cpus.cpu_slots(cpus.allowed_cpus(), workers)
+    staying = sorted(server.WORKERS.values(), key=lambda other: other.age)
+    if len(staying) >= workers:
+        staying = staying[len(staying) - (workers - 1) :]
+    worker.forkserve_cpus = cpus.choose_slot(slots, [getattr(w, "forkserve_cpus", None) for w in staying])

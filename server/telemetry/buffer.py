@@ -1,0 +1,70 @@
+"""Per-request metric updates, buffered in memory and written to the multiprocess files in bulk.
+
+Runs in workers. A prometheus_client write in multiprocess mode costs 5-10 us and takes one
+process-wide lock; forkserve makes about a dozen per request, which under 8 request threads
+measured ~0.2 ms of CPU per request (a quarter of an MLP request). Appending to a deque costs
+~0.1 us and takes no lock. A flusher thread sums what was buffered once per interval and writes
+one update per series; /metrics flushes the answering worker first and the worker_exit hook
+flushes a worker on its way out.
+
+The cost: a scrape can miss up to one interval of another worker's updates, and a SIGKILLed
+worker loses its last interval. Rare updates (rejections, loads, exits) stay synchronous.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+from server import compat
+from server.telemetry import metrics
+from server.telemetry.flusher import Flusher
+
+FLUSH_INTERVAL_S = 0.5
+
+Series = tuple[Any, tuple[str, ...]]  # (metric, label values)
+
+
+class MetricBuffer:
+    """Buffered inc/dec/observe for the request path; flush() applies them."""
+
+    def __init__(self, interval_s: float = FLUSH_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._events: collections.deque[tuple[Any, tuple[str, ...], float]] = collections.deque()
+        self._children: dict[Series, Any] = {}
+        self._flushing = threading.Lock()  # the flusher thread and a scrape may flush at once
+        self._flusher = Flusher("metrics-flusher", self.flush, interval_s)
+
+    def add(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
+        """Counter or gauge: add `value` (negative to decrease); histogram: observe `value`."""
+        self._events.append((metric, labels, value))  # deque.append is atomic: no lock needed
+        self._flusher.ensure_started()
+
+    def flush(self) -> None:
+        """Write what is buffered: one update per counter or gauge series, one per histogram bucket."""
+        with self._flushing:
+            events = self._events
+            sums: dict[Series, float] = collections.defaultdict(float)
+            observed: dict[Series, list[float]] = collections.defaultdict(list)
+            for _ in range(len(events)):  # what is there now; later appends wait for the next flush
+                metric, labels, value = events.popleft()
+                if compat.is_histogram(metric):
+                    observed[(metric, labels)].append(value)
+                else:
+                    sums[(metric, labels)] += value
+            for series, total in sums.items():
+                metrics.record(lambda series=series, total=total: self._child(series).inc(total))
+            for series, values in observed.items():
+                metrics.record(lambda series=series, values=values: compat.observe_many(self._child(series), values))
+
+    def _child(self, series: Series) -> Any:
+        """The labelled child of a series, looked up once."""
+        child = self._children.get(series)
+        if child is None:
+            metric, labels = series
+            child = self._children[series] = metric.labels(*labels) if labels else metric
+        return child
+
+
+BUFFER = MetricBuffer()

@@ -1,0 +1,101 @@
+"""gunicorn hooks that run in a worker, after fork: thread pools, CPUs, loading the models, exit.
+
+gunicorn.conf.py (in the master) imports this module to name the hooks, so it must not import
+tensorflow or keras at module level either; the first TensorFlow import of a worker happens in
+post_worker_init, through the model registry (server.worker.runtime).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from server.settings import Settings
+from server.state import (
+    LOADED,
+    ModelReport,
+    WorkerState,
+    write_exit_reason,
+    write_worker_state,
+)
+from server.worker.heartbeat import Heartbeat
+
+log = logging.getLogger("forkserve.worker")
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """Worker, right after fork and before TensorFlow is imported: heartbeat, thread pools, CPUs.
+
+    OpenMP / oneDNN read these variables once, when TensorFlow loads, so they must be set here.
+    """
+    # NOTE: gunicorn 27 creates the heartbeat file with a wall-clock mtime and compares it with
+    # the monotonic clock, so before a worker's first notify its timeout can never fire. Notify now:
+    # the timeout then holds during boot too, and the load heartbeat (post_worker_init) keeps it.
+    worker.notify()
+    settings = Settings.current()
+    intra = worker.forkserve_intra_op = settings.intra_op_for(worker.cfg.workers)
+    cpus = getattr(worker, "forkserve_cpus", None)
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)  # before any thread starts: threads created later inherit it
+            worker.log.info("forkserve worker %s pinned to CPUs %s", os.getpid(), sorted(cpus))
+        except OSError as exc:  # a mask the kernel refuses (CPU went offline): run unpinned
+            worker.log.warning("forkserve worker %s not pinned: %s", os.getpid(), exc)
+    os.environ["OMP_NUM_THREADS"] = str(intra)
+    os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)
+    os.environ["TF_NUM_INTEROP_THREADS"] = str(settings.inter_op_threads)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The first metric write after fork reopens every value file; a removed directory would leave
+    # this worker's metrics half reopened, so recreate it first (best effort).
+    try:
+        settings.metrics_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+
+
+def post_worker_init(worker: Any) -> None:
+    """Worker, after the app is built and before it accepts: load and warm every model, heartbeat on.
+
+    Never raises: an exception here exits the worker with gunicorn's boot-error code, and the
+    master then halts the whole server. A model that fails is recorded as failed instead.
+    """
+    settings = Settings.current()
+    registry = getattr(worker.wsgi, "extensions", {}).get("forkserve")
+    if registry is None:
+        worker.log.error("forkserve: the WSGI app is not forkserve's create_app(); no models loaded")
+        return
+    pid = os.getpid()
+
+    def loading(model: str, version: int) -> None:
+        write_worker_state(settings.run_dir, WorkerState(pid, registry.generation, loading=(model, version)))
+
+    interval = min(5.0, max(0.2, worker.cfg.timeout / 4)) if worker.cfg.timeout else 5.0
+    try:
+        with Heartbeat(worker.notify, interval, settings.boot_timeout):
+            intra = getattr(worker, "forkserve_intra_op", None) or settings.intra_op_for(worker.cfg.workers)
+            registry.load_all(intra, settings.inter_op_threads, loading, stopping=lambda: not worker.alive)
+    except Exception:  # NOTE: a bug here must not halt the server; the worker reports not ready
+        worker.log.exception("forkserve: loading models failed")
+    from server.telemetry import metrics
+
+    ready, report = registry.readiness()
+    metrics.record(metrics.WORKER_BOOTS.inc)
+    metrics.record(lambda: metrics.WORKERS_ALIVE.set(1))
+    worker.log.info("forkserve worker %s %s: %s", pid, "ready" if ready else "NOT ready", report)
+    models = {
+        name: ModelReport(list(entry["serving"]), {int(v): why for v, why in entry.get("failed", {}).items()})
+        for name, entry in report.items()
+    }
+    write_worker_state(settings.run_dir, WorkerState(pid, registry.generation, LOADED, None, ready, models))
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    """Worker, on its way out (not after SIGKILL): write buffered metrics, tell the master this exit was orderly."""
+    from server.telemetry.buffer import BUFFER
+
+    BUFFER.flush()
+    flush_access = getattr(worker.log, "flush_access", None)  # server.telemetry.access_log.AccessLogger
+    if flush_access is not None:
+        flush_access()
+    write_exit_reason(Settings.current().run_dir, os.getpid(), "graceful")

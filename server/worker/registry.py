@@ -1,0 +1,290 @@
+"""The models one worker serves: their versions, load states and executors.
+
+Loading runs in the worker after fork (post_worker_init), before it accepts a request. No
+TensorFlow at import time: runtime is imported inside `load_all`, in the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from server.config import ConfigError, ModelConfig, ServerConfig
+from server.errors import NotFound, Unavailable
+from server.repository import VersionSource, scan, select_versions
+from server.signature import SignatureInfo
+from server.target import (
+    ConfigProblem,
+    describe_problem,
+    failed_reason,
+    read_failed,
+    read_target,
+)
+from server.telemetry import metrics
+from server.worker.executor import ModelExecutor
+
+log = logging.getLogger("forkserve.models")
+
+# TF Serving's ManagerState names; a version that failed to load is END with an error status.
+START, LOADING, AVAILABLE, END = "START", "LOADING", "AVAILABLE", "END"
+
+
+@dataclass
+class ModelVersion:
+    """One version of one model in this worker."""
+
+    source: VersionSource
+    config: ModelConfig
+    state: str = START
+    error: str = ""
+    load_seconds: float = 0.0
+    servable: Any = None
+    executor: ModelExecutor | None = None
+
+    @property
+    def name(self) -> str:
+        return self.source.model
+
+    @property
+    def version(self) -> int:
+        return self.source.version
+
+    def signature(self, name: str) -> SignatureInfo:
+        """A signature by name, or NotFound listing the ones there are."""
+        signatures = self.servable.signatures
+        if name not in signatures:
+            raise NotFound(
+                f"signature {name!r} not found in model {self.name} version {self.version}; "
+                f"it has {sorted(signatures)}"
+            )
+        return signatures[name]
+
+    def status(self) -> dict[str, Any]:
+        """TF Serving's model_version_status entry."""
+        return {
+            "version": str(self.version),
+            "state": self.state,
+            "status": {"error_code": "UNKNOWN" if self.error else "OK", "error_message": self.error},
+        }
+
+
+@dataclass
+class Model:
+    """A model name, its settings and the versions this worker tried to load (newest first)."""
+
+    name: str
+    config: ModelConfig
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    failed: Callable[[int], str | None] = lambda version: None  # why the master marked a version failed
+
+    def available(self) -> list[ModelVersion]:
+        """Versions that serve, newest first."""
+        return sorted((v for v in self.versions.values() if v.state == AVAILABLE), key=lambda v: -v.version)
+
+    def resolve(self, version: int | None = None, label: str | None = None) -> ModelVersion:
+        """The version a request addresses: explicit, by label, or the latest available."""
+        if label is not None:
+            if label not in self.config.labels:
+                raise NotFound(f"label {label!r} not found for model {self.name}")
+            version = self.config.labels[label]
+        if version is None:
+            ready = self.available()
+            if ready:
+                return ready[0]
+            raise self._not_serving()
+        found = self.versions.get(version)
+        if found is None:
+            reason = self.failed(version)
+            if reason is not None:  # never loaded here because a rollout failed it: say so, as the status does
+                raise Unavailable(f"model {self.name} version {version} is {END}: {reason}")
+            raise NotFound(f"Servable not found for request: Specific({self.name}, {version})")
+        if found.state != AVAILABLE:
+            detail = f": {found.error}" if found.error else ""
+            raise Unavailable(f"model {self.name} version {version} is {found.state}{detail}")
+        return found
+
+    def _not_serving(self) -> Exception:
+        """Why no version of this model can answer."""
+        loading = [v.version for v in self.versions.values() if v.state in (START, LOADING)]
+        if loading:
+            return Unavailable(f"model {self.name} is loading version(s) {loading}")
+        failed = [f"version {v.version}: {v.error}" for v in self.versions.values() if v.error]
+        if failed:
+            return Unavailable(f"model {self.name} has no version that loaded ({'; '.join(failed)})")
+        return NotFound(f"Servable not found for request: Latest({self.name})")
+
+
+class ModelRegistry:
+    """Every model this worker serves, by name."""
+
+    def __init__(
+        self, models_dir: Path, run_dir: Path | None = None, config: ServerConfig | Callable[[], ServerConfig] | None = None,
+    ) -> None:
+        self.models_dir = models_dir
+        self.run_dir = run_dir
+        self._fallback_config = config  # used only when no master published a target
+        self.config = ServerConfig()
+        self.models: dict[str, Model] = {}
+        self.loaded = False
+        self.generation = ""  # the master's target this worker loaded ("" without a master)
+        self.problem = ""  # why nothing could be loaded (a broken configuration without a master)
+
+    def get(self, name: str) -> Model:
+        """A model by name, or TF Serving's NotFound."""
+        model = self.models.get(name)
+        if model is None:
+            raise NotFound(f"Servable not found for request: Latest({name})")
+        return model
+
+    def plan(self) -> list[tuple[Model, list[VersionSource], int]]:
+        """Register each model with the versions to try: the master's target, else a scan."""
+        found = scan(self.models_dir)
+        target = read_target(self.run_dir) if self.run_dir is not None else None
+        plan = []
+        if target is None:
+            try:
+                fallback = self._fallback_config
+                self.config = fallback() if callable(fallback) else (fallback or ServerConfig())
+            except ConfigError as exc:  # NOTE: never raise here: a worker boot error halts gunicorn
+                self.problem = str(exc)
+                log.error("forkserve: %s; serving no models", exc)
+                return []
+            for name, sources in found.items():
+                candidates, keep = select_versions(sources, self.config.for_model(name))
+                plan.append((name, candidates, keep))
+        else:
+            self.config, self.generation = target.config, target.generation
+            for name, wanted in target.models.items():
+                by_version = {source.version: source for source in found.get(name, [])}
+                plan.append((name, [by_version[v] for v in wanted.candidates if v in by_version], wanted.keep))
+        return [(self._register(name), candidates, keep) for name, candidates, keep in plan]
+
+    def _register(self, name: str) -> Model:
+        """The model `name`, created on first use with its settings and the master's failed list."""
+        model = self.models.get(name)
+        if model is None:
+            run_dir = self.run_dir
+            lookup = (lambda version: failed_reason(run_dir, name, version)) if run_dir is not None else Model.failed
+            model = self.models[name] = Model(name, self.config.for_model(name), failed=lookup)
+        return model
+
+    def statuses(self, name: str) -> list[dict[str, Any]]:
+        """model_version_status of every version this worker tried, and of versions a rollout failed."""
+        model = self.get(name)
+        entries = {v.version: v.status() for v in model.versions.values()}
+        if self.run_dir is not None:
+            for version, failed in read_failed(self.run_dir).get(name, {}).items():
+                if version not in entries or model.versions[version].state != AVAILABLE:
+                    entries[version] = {
+                        "version": str(version),
+                        "state": END,
+                        "status": {"error_code": "UNKNOWN", "error_message": failed.reason},
+                    }
+        return [entries[v] for v in sorted(entries, reverse=True)]
+
+    def load_all(
+        self, intra_op_threads: int, inter_op_threads: int,
+        loading: Callable[[str, int], None] = lambda model, version: None,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Load, warm and start every selected version; failures are recorded, never raised.
+
+        `loading(model, version)` is called before each load (the worker reports its progress);
+        `stopping()` true ends the loading early (the worker was told to exit meanwhile).
+        """
+        plan = self.plan()
+        if not any(candidates for _, candidates, _ in plan):
+            self.loaded = True
+            return
+        from server.worker import (
+            runtime,  # NOTE: the first TensorFlow import of this worker
+        )
+
+        runtime.configure_threads(intra_op_threads, inter_op_threads)
+        for model, candidates, keep in plan:
+            loaded = 0
+            for source in candidates:
+                if loaded >= keep or stopping():
+                    break
+                entry = ModelVersion(source, model.config)
+                model.versions[source.version] = entry
+                loading(model.name, source.version)
+                if self._load_version(entry, runtime):
+                    loaded += 1
+            if not candidates:
+                log.warning("model %s: no version directory found under %s", model.name, self.models_dir / model.name)
+        self.loaded = True
+
+    def _load_version(self, entry: ModelVersion, runtime: Any) -> bool:
+        """Load and warm one version; on any failure mark it END with the reason."""
+        entry.state = LOADING
+        labels = (entry.name, str(entry.version))
+        metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).inc())
+        # The series exist (at 0) even when this version never loads.
+        metrics.record(lambda: metrics.MODEL_WORKERS_READY.labels(*labels).set(0))
+        metrics.record(lambda: metrics.MODEL_LOAD_FAILURES.labels(*labels))
+        metrics.record(lambda: metrics.MODEL_RETRACES.labels(entry.name))
+        started = time.monotonic()
+        try:
+            servable = runtime.load_servable(entry.source)
+            calls = servable.warm_up(entry.config.batch_buckets)
+        except Exception as exc:  # a bad model must never take the worker down
+            entry.state, entry.error = END, f"failed to load: {type(exc).__name__}: {exc}".strip()[:2000]
+            entry.load_seconds = time.monotonic() - started
+            metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).dec())
+            metrics.record(lambda: metrics.MODEL_LOAD_FAILURES.labels(*labels).inc())
+            log.error("model %s version %s failed to load after %.2fs: %s", entry.name, entry.version, entry.load_seconds, entry.error)
+            return False
+        entry.servable = servable
+        entry.executor = ModelExecutor(
+            f"{entry.name}/{entry.version}",
+            servable.run,
+            entry.config.max_batch_size,
+            entry.config.max_batch_delay_ms / 1000.0,
+            entry.config.max_queue_rows,
+            traces=servable.traces,
+            model=entry.name,
+            buckets=entry.config.batch_buckets,
+        )
+        entry.executor.start()
+        entry.state = AVAILABLE
+        entry.load_seconds = time.monotonic() - started
+        metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).dec())
+        metrics.record(lambda: metrics.MODEL_WORKERS_READY.labels(*labels).set(1))
+        metrics.record(lambda: metrics.MODEL_LOAD_SECONDS.labels(entry.name).observe(entry.load_seconds))
+        log.info(
+            "model %s version %s (%s) loaded and warmed (%d calls) in %.2fs",
+            entry.name, entry.version, entry.source.format, calls, entry.load_seconds,
+        )
+        return True
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when loading is over and every model has a version that serves.
+
+        Each model's entry names its failed versions and, while conf/models.toml is broken, the
+        configuration problem that affects it (the worker keeps serving with the last good one).
+        """
+        report: dict[str, Any] = {}
+        ready = self.loaded and not self.problem
+        failed_here = read_failed(self.run_dir) if self.run_dir is not None else {}
+        problem = self._config_problem()
+        for name, model in sorted(self.models.items()):
+            states = {str(v.version): v.state for v in model.versions.values()}
+            failed = {str(v.version): v.error for v in model.versions.values() if v.error}
+            failed.update({str(v): f.reason for v, f in failed_here.get(name, {}).items()})
+            serving = [v.version for v in model.available()]
+            report[name] = {"serving": serving, "states": states, **({"failed": failed} if failed else {}),
+                            **describe_problem(problem, name)}
+            if not serving:
+                ready = False
+        return ready, report
+
+    def _config_problem(self) -> ConfigProblem | None:
+        """What the master says is wrong with conf/models.toml now (None when it is fine)."""
+        if self.problem:
+            return ConfigProblem(self.problem)
+        target = read_target(self.run_dir) if self.run_dir is not None else None
+        return target.config_problem if target is not None else None

@@ -1,0 +1,54 @@
+"""Folding a dead worker's metric files into the archives: totals kept, files gone, live gauges dropped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.telemetry.files import compact_dead_process, scrape
+
+WORKER = """
+from prometheus_client import Counter, Gauge, Histogram
+Counter("jobs", "", ["kind"]).labels("a").inc({count})
+Gauge("alive", "", multiprocess_mode="livesum").set(1)
+Histogram("seconds", "", buckets=(1, 2)).observe(1.5)
+import os; print(os.getpid())
+"""
+
+
+def run_worker(directory: Path, count: int) -> int:
+    """A short-lived process writing metrics in multiprocess mode, as a worker does; returns its pid."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    out = subprocess.run([sys.executable, "-c", WORKER.format(count=count)], env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+def values(directory: Path) -> dict[str, float]:
+    return {
+        sample.name + "".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k == "le"): sample.value
+        for family in text_string_to_metric_families(scrape(directory).decode())
+        for sample in family.samples
+    }
+
+
+def test_dead_workers_are_folded_and_their_totals_kept(tmp_path: Path) -> None:
+    first, second = run_worker(tmp_path, 3), run_worker(tmp_path, 4)
+    before = values(tmp_path)
+    assert before["jobs_total"] == 7 and before["alive"] == 2
+    assert compact_dead_process(tmp_path, first) == 2  # its counter and histogram files
+    assert compact_dead_process(tmp_path, second) == 2
+    after = values(tmp_path)
+    assert after["jobs_total"] == 7 and after["seconds_count"] == 2 and after["seconds_bucketle=2.0"] == 2
+    assert "alive" not in after  # a live gauge of a dead process is dropped
+    names = sorted(p.name for p in tmp_path.glob("*.db"))
+    assert names == ["counter_archive.db", "histogram_archive.db"]
+
+
+def test_folding_a_process_without_files_changes_nothing(tmp_path: Path) -> None:
+    run_worker(tmp_path, 1)
+    assert compact_dead_process(tmp_path, 999_999) == 0
+    assert values(tmp_path)["jobs_total"] == 1

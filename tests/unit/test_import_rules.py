@@ -1,0 +1,70 @@
+"""The one rule that must never break: what the master, the CLI and the shared core import has no TensorFlow.
+
+Each package is imported, module by module, in a fresh interpreter, and sys.modules is read
+afterwards. The worker's runtime is the one module that must import TensorFlow; the last test
+checks that the probe sees it, so the rule tests above it can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ["server", "server.settings", "server.config", "server.repository", "server.signature", "server.errors",
+        "server.state", "server.target", "server.compat"]
+PROBE = """
+import importlib, json, pkgutil, sys
+wanted = []
+for name in sys.argv[1:]:
+    module = importlib.import_module(name)
+    wanted.append(name)
+    if hasattr(module, "__path__") and name != "server":  # a package: every module below it
+        for info in pkgutil.walk_packages(module.__path__, name + "."):
+            if info.name != "server.worker.runtime":
+                importlib.import_module(info.name)
+                wanted.append(info.name)
+print(json.dumps({"imported": wanted, "modules": sorted(sys.modules)}))
+"""
+
+
+def imported(*names: str) -> tuple[list[str], list[str]]:
+    """(modules the probe imported, every module loaded afterwards) in a fresh interpreter."""
+    done = subprocess.run([sys.executable, "-c", PROBE, *names], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return report["imported"], report["modules"]
+
+
+def heavy(modules: list[str]) -> list[str]:
+    """TensorFlow, Keras (3 or 2) and their submodules among `modules`."""
+    return [m for m in modules if m.split(".")[0] in ("tensorflow", "keras", "tf_keras", "tensorflow_cpu")]
+
+
+@pytest.mark.parametrize(
+    "package",
+    ["core", "server.master", "server.cli", "server.telemetry", "server.http", "server.worker"],
+)
+def test_package_imports_without_tensorflow_or_keras(package: str) -> None:
+    names = CORE if package == "core" else [package]
+    done, modules = imported(*names)
+    assert len(done) >= len(names)
+    assert heavy(modules) == [], f"{package} pulled in {heavy(modules)[:5]}"
+    assert "server.worker.runtime" not in modules
+
+
+def test_every_server_module_is_covered_by_a_rule() -> None:
+    covered = set(CORE) | {"server.__main__", "server.worker.runtime"}
+    prefixes = ("server.master.", "server.cli.", "server.telemetry.", "server.http.", "server.worker.")
+    for path in (ROOT / "server").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        assert name in covered or name.startswith(prefixes) or name in {p.rstrip(".") for p in prefixes}, name
+
+
+def test_the_probe_sees_tensorflow_where_it_is_imported() -> None:
+    _, modules = imported("server.worker.runtime")
+    assert "tensorflow" in heavy(modules)
