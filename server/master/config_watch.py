@@ -16,7 +16,12 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from server.config import ConfigError, ServerConfig, parse_config_bytes, read_config_bytes
+from server.config import (
+    ConfigError,
+    ServerConfig,
+    parse_config_bytes,
+    read_config_bytes,
+)
 from server.target import ConfigProblem
 
 log = logging.getLogger("forkserve.config")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 from server.settings import Settings
@@ -91,7 +92,14 @@ def post_worker_init(worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    """Worker, on its way out (not after SIGKILL): write buffered metrics, tell the master this exit was orderly."""
+    """Worker, on its way out (not after SIGKILL): write what is buffered, tell the master, then leave at once.
+
+    NOTE: gunicorn calls this in spawn_worker's `finally`, with the SystemExit that ends the worker
+    in flight. The worker then leaves with that exit code through os._exit, as forked
+    multiprocessing children do: the interpreter's own finalization (TensorFlow's teardown, joining
+    idle threads, atexit handlers inherited from the master) took seconds, and once, on a loaded
+    machine, longer than graceful_timeout, so the master SIGKILLed a worker that had finished.
+    """
     from server.telemetry.buffer import BUFFER
 
     BUFFER.flush()
@@ -99,3 +107,15 @@ def worker_exit(server: Any, worker: Any) -> None:
     if flush_access is not None:
         flush_access()
     write_exit_reason(Settings.current().run_dir, os.getpid(), "graceful")
+    code = exit_code(sys.exc_info()[1])
+    logging.shutdown()  # flush every log handler: os._exit skips it
+    os._exit(code)
+
+
+def exit_code(error: BaseException | None) -> int:
+    """The status a worker ending with `error` would exit with (gunicorn's boot-error code included)."""
+    if isinstance(error, SystemExit):
+        if error.code is None:
+            return 0
+        return error.code if isinstance(error.code, int) else 1
+    return 0 if error is None else 1
