@@ -6,6 +6,7 @@
 | `observe_many` | prometheus_client: a histogram child's `_upper_bounds`, `_buckets`, `_sum` | `observe()` per value |
 | `is_histogram` | prometheus_client: `metric._type` | `isinstance(metric, Histogram)` |
 | `reserve_metric_file_blocks` | prometheus_client: `MmapedDict.__init__`, `_init_value`, `_f`, `_capacity`, `_used` | none: sparse files (SIGBUS on a full disk) |
+| `send_responses_in_one_write` | gunicorn: `http.wsgi.Response`, replaced for `wsgi.create` | headers and body in two writes |
 
 A private path is taken only when the installed version is the one it was verified against
 (VERIFIED, equal to the pins in requirements.txt: a unit test checks) and, for the TensorFlow
@@ -26,7 +27,7 @@ from typing import Any
 
 log = logging.getLogger("forkserve.compat")
 
-VERIFIED = {"tensorflow-cpu": "2.21.0", "prometheus-client": "0.26.0"}
+VERIFIED = {"tensorflow-cpu": "2.21.0", "prometheus-client": "0.26.0", "gunicorn": "27.0.1"}
 
 
 @cache
@@ -172,4 +173,76 @@ def reserve_metric_file_blocks() -> bool:
 
     MmapedDict.__init__, MmapedDict._init_value = init, init_value
     MmapedDict._forkserve_reserved = True
+    return True
+
+
+# --- gunicorn (workers only) -------------------------------------------------------------------
+
+
+class _HeaderHoldingSocket:
+    """A connection socket that holds the response head until the first body bytes are sent."""
+
+    __slots__ = ("_sock", "held", "holding")
+
+    def __init__(self, sock: Any) -> None:
+        self._sock, self.held, self.holding = sock, b"", False
+
+    def sendall(self, data: bytes) -> None:
+        if self.holding:
+            self.held += data
+            return
+        if self.held:
+            data, self.held = self.held + data, b""
+        self._sock.sendall(data)
+
+    def flush(self) -> None:
+        if self.held:
+            self.sendall(b"")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def _one_write_response_class() -> type:
+    from gunicorn.http import wsgi
+
+    class OneWriteResponse(wsgi.Response):
+        """gunicorn's Response, sending the status line and headers in the same write as the body."""
+
+        def __init__(self, req: Any, sock: Any, cfg: Any, *args: Any) -> None:
+            super().__init__(req, _HeaderHoldingSocket(sock), cfg, *args)
+
+        def send_headers(self) -> None:
+            self.sock.holding = True
+            try:
+                super().send_headers()
+            finally:
+                self.sock.holding = False
+
+        def can_sendfile(self) -> bool:
+            return False  # os.sendfile would overtake the held head
+
+        def close(self) -> None:
+            super().close()
+            self.sock.flush()
+
+    return OneWriteResponse
+
+
+def send_responses_in_one_write() -> bool:
+    """Make gunicorn send each response's head and body in one write; False if not possible.
+
+    NOTE: gunicorn writes the head, then the body. A worker killed between the two (OOM, SIGKILL)
+    leaves nginx holding a head it has already passed on: the client gets a truncated answer
+    instead of nginx's retry on the other instance, which needs a connection that closed before
+    any byte of the answer (proxy_next_upstream error). Runs in a worker, after fork.
+    """
+    from gunicorn.http import wsgi
+
+    if getattr(wsgi.Response, "_forkserve_one_write", False):
+        return True
+    if not verified("gunicorn"):
+        return False
+    wsgi.Response = _one_write_response_class()
+    wsgi.Response._forkserve_one_write = True
     return True

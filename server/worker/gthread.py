@@ -1,4 +1,4 @@
-"""gunicorn's gthread worker, with the two signal changes forkserve needs (runs in workers; no TensorFlow).
+"""gunicorn's gthread worker, with the signal and response-writing changes forkserve needs (runs in workers; no TensorFlow).
 
 gunicorn.conf.py names it as `worker_class`. The master only loads the class.
 """
@@ -10,11 +10,18 @@ from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker
 
+from server import compat
+
 
 class ForkserveWorker(ThreadWorker):
-    """ThreadWorker that leaves Ctrl-C to the master and quits once."""
+    """ThreadWorker that leaves Ctrl-C to the master, quits once and answers in one write."""
 
     _quitting = False
+
+    def init_process(self) -> None:
+        """Send each response in one write, then run gunicorn's worker (this call returns only at exit)."""
+        compat.send_responses_in_one_write()
+        super().init_process()
 
     def init_signals(self) -> None:
         """gunicorn's handlers, except SIGINT, which this worker ignores.

@@ -52,3 +52,65 @@ def test_metric_files_get_their_blocks_reserved(tmp_path: Path) -> None:
     size = os.stat(path).st_size
     assert size > 4096 and os.stat(path).st_blocks * 512 >= size  # allocated, not sparse
     values.close()
+
+
+class RecordingSocket:
+    """A connection socket that keeps each sendall call apart."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+
+def _serve_one(app, request: bytes) -> list[bytes]:
+    """gunicorn's own parser and Response answering `request` with `app`, as gthread's handle_request does."""
+    import socket
+
+    from gunicorn.config import Config
+    from gunicorn.http import wsgi
+    from gunicorn.http.parser import RequestParser
+
+    client, server = socket.socketpair()
+    with client, server:
+        client.sendall(request)
+        req = next(RequestParser(Config(), server, ("127.0.0.1", 5000)))
+        sock = RecordingSocket()
+        resp, environ = wsgi.create(req, sock, ("127.0.0.1", 5000), ("127.0.0.1", 8000), Config())
+        for item in app(environ, resp.start_response):
+            resp.write(item)
+        resp.close()
+    return sock.writes
+
+
+def _app(status: str, headers: list[tuple[str, str]], body: list[bytes]):
+    def app(environ: dict, start_response) -> list[bytes]:
+        start_response(status, headers)
+        return body
+    return app
+
+
+POST = b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def test_a_response_head_and_body_leave_in_one_write() -> None:
+    """A worker killed between two writes would leave nginx a head without a body (no retry possible)."""
+    assert compat.send_responses_in_one_write() and compat.send_responses_in_one_write()  # idempotent
+    body = b'{"predictions": [[0.5]]}'
+    writes = _serve_one(_app("200 OK", [("Content-Type", "application/json"),
+                                        ("Content-Length", str(len(body)))], [body]), POST)
+    assert len(writes) == 1
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b"\r\n\r\n" + body)
+
+
+def test_bodiless_and_chunked_responses_still_send_their_head_first() -> None:
+    assert compat.send_responses_in_one_write()
+    empty = _serve_one(_app("204 No Content", [], []), POST)
+    assert len(empty) == 1 and empty[0].startswith(b"HTTP/1.1 204 No Content\r\n")
+    head = _serve_one(_app("200 OK", [("Content-Length", "5")], [b"hello"]),
+                      b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b"".join(head).startswith(b"HTTP/1.1 200 OK\r\n") and b"hello" not in b"".join(head)
+    chunked = _serve_one(_app("200 OK", [], [b"ab", b"cd"]), POST)
+    assert chunked[0].startswith(b"HTTP/1.1 200 OK\r\n") and chunked[0].endswith(b"\r\n\r\n2\r\nab\r\n")
+    assert b"".join(chunked).endswith(b"2\r\ncd\r\n0\r\n\r\n")
