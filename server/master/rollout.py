@@ -393,7 +393,6 @@ class RolloutController:
     def _verdict(self, pid: int, state: WorkerState, target: Target) -> Outcome:
         """SUCCEEDED when the worker serves every intended version, else which versions failed and why."""
         failed, missing = {}, []
-        new_versions = _new_versions(target, self.current)
         served = self._served_versions()  # by any live worker: one that loaded the target earlier, too
         for model, versions in target.intended().items():
             report = state.models.get(model)
@@ -401,7 +400,9 @@ class RolloutController:
                 if report is not None and version in report.serving:
                     continue
                 reason = report.failed.get(version, "not serving") if report is not None else "not loaded"
-                if (model, version) in new_versions and (model, version) not in served:
+                # NOTE: served by no worker, new or old (one that already failed at first boot, too):
+                # the version's fault. Left in the target, it would fail every later rollout.
+                if (model, version) not in served:
                     failed[(model, version)] = f"rollout aborted: new worker {pid}: {reason}"
                 else:  # another worker loads it fine: this worker's trouble, not the version's
                     missing.append(f"{model} version {version} (served by another worker): {reason}")
