@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# POST examples/digit.png (base64) to the forkserve "digits" model and print the response.
+# Ask the demo "digits" model what examples/digit.png shows, both ways it is served:
+#   version 2 (the default) has a handler:  {"image": "<base64>"}  ->  {"digit": 3, "probability": ...}
+#   version 1 is the plain model:            TF Serving's {"instances": [{"b64": ...}]}  ->  {"predictions": [[...]]}
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 image="${1:-$here/digit.png}"
-url="${FORKSERVE_URL:-http://127.0.0.1:8000}/v1/models/digits:predict"
-
+base="${FORKSERVE_URL:-http://127.0.0.1:8000}/v1/models/digits"
 b64="$(base64 -w0 "$image")"
-curl -sS --fail-with-body -X POST "$url" \
-  -H 'Content-Type: application/json' \
-  --data-binary @- <<JSON
+
+curl -sS --fail-with-body -H 'Content-Type: application/json' --data-binary @- "$base:predict" <<JSON
+{"image": "$b64"}
+JSON
+echo
+curl -sS --fail-with-body -H 'Content-Type: application/json' --data-binary @- "$base/versions/1:predict" <<JSON
 {"instances": [{"b64": "$b64"}]}
 JSON
 echo

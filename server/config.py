@@ -41,6 +41,7 @@ class ModelConfig:
     image_mode: str = ""  # empty: derived from the model's channel count
     max_image_pixels: int = 16_000_000
     allow_non_finite: bool = False
+    handler: bool = False  # run the version's handler.py; a handler.py without this fails the version
 
     @property
     def batch_buckets(self) -> list[int]:
@@ -110,7 +111,7 @@ def _type_problem(key: str, value: Any) -> str:
         return "" if type(value) is int else "an integer"
     if key in _FLOAT_FIELDS:
         return "" if type(value) in (int, float) and math.isfinite(value) else "a finite number"
-    if key == "allow_non_finite":
+    if key in ("allow_non_finite", "handler"):
         return "" if isinstance(value, bool) else "true or false"
     if key in ("versions", "allowed_batch_sizes"):
         return "" if isinstance(value, list) and all(type(v) is int for v in value) else "a list of integers"

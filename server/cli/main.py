@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     pub = commands.add_parser("publish", help="validate a model and publish it as the next version")
     pub.add_argument("name", help="model name")
-    pub.add_argument("source", type=Path, help=".keras / .h5 / .hdf5 file or SavedModel directory")
+    pub.add_argument("source", type=Path, help=".keras / .h5 / .hdf5 file, SavedModel directory, or a directory holding one model "
+                                            "(file or SavedModel) with handler.py and its files")
     pub.add_argument("--models", type=Path, help="model repository (default: $FORKSERVE_MODELS or ./models)")
     pub.set_defaults(run=_publish)
     rel = commands.add_parser("reload", help="rolling restart of a running server's workers")

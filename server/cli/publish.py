@@ -21,6 +21,7 @@ from typing import Iterator
 from server.repository import (
     HDF5_SUFFIXES,
     KERAS_SUFFIXES,
+    detect_format,
     is_model_name,
     parse_version,
 )
@@ -33,14 +34,21 @@ class PublishError(Exception):
 
 
 def source_kind(source: Path) -> str:
-    """'file' for a .keras/.h5/.hdf5 file, 'savedmodel' for a SavedModel directory."""
+    """'file' for a .keras/.h5/.hdf5 file; 'directory' for a version directory to copy whole.
+
+    A directory holds a SavedModel (saved_model.pb) or exactly one .keras/.h5/.hdf5 file, with
+    whatever else the version needs beside it (handler.py and the files it reads).
+    """
     if not source.exists():
         raise PublishError(f"{source}: no such file or directory")
     if source.is_file() and source.suffix.lower() in KERAS_SUFFIXES + HDF5_SUFFIXES:
         return "file"
-    if source.is_dir() and (source / "saved_model.pb").is_file():
-        return "savedmodel"
-    raise PublishError(f"{source}: not a .keras, .h5 or .hdf5 file, nor a SavedModel directory (saved_model.pb)")
+    if source.is_dir():
+        fmt, problem = detect_format(source)
+        if fmt:
+            return "directory"
+        raise PublishError(f"{source}: {problem}")
+    raise PublishError(f"{source}: not a .keras, .h5 or .hdf5 file, nor a directory holding a model")
 
 
 def validate(source: Path, timeout: float = 600.0) -> None:
@@ -113,8 +121,7 @@ def publish(name: str, source: Path | str, models_dir: Path | str, check: bool =
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it 0700; a version is as readable as a copy
-        target = staging / (("model" + source.suffix.lower()) if kind == "file" else "")
-        _copy_synced(source, target if kind == "file" else staging)
+        _copy_synced(source, staging / ("model" + source.suffix.lower()) if kind == "file" else staging)
         _fsync(staging)
         with _locked(model_dir):
             version = next_version(model_dir)

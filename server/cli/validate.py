@@ -27,16 +27,28 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m server.cli.validate PATH", file=sys.stderr)
         return 64
+    from server.config import ModelConfig
     from server.worker import runtime
+    from server.worker.handlers import HandlerError, check_example, has_handler, load_handler
 
+    source = source_for(Path(argv[0]))
+    handler = None
     try:
-        servable = runtime.load_servable(source_for(Path(argv[0])))
+        servable = runtime.load_servable(source)
+        if source.file is None and has_handler(source.path):  # a version directory with its handler
+            handler = load_handler(source.path, "forkserve_handler_candidate")
         servable.warm_up([1])
+        if handler is not None:
+            check_example(handler, servable.signatures, ModelConfig(), servable.run)
+    except HandlerError as exc:
+        print(f"invalid model: handler: {exc}".replace("\n", " ")[:2000], file=sys.stderr)
+        return 2
     except Exception as exc:  # every failure is a verdict about the model
         print(f"invalid model: {type(exc).__name__}: {exc}".replace("\n", " ")[:2000], file=sys.stderr)
         return 2
     summary = {name: {"method": s.method, "inputs": list(s.inputs), "outputs": list(s.outputs)} for name, s in servable.signatures.items()}
-    print(json.dumps({"format": servable.platform, "signatures": summary}))
+    described = handler.describe() if handler is not None else None
+    print(json.dumps({"format": servable.platform, "signatures": summary, "handler": described}))
     return 0
 
 

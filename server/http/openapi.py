@@ -6,7 +6,7 @@ from typing import Any
 
 from flask import Blueprint, Response
 
-from server.http.common import json_response
+from server.http.common import json_response, registry
 
 blueprint = Blueprint("openapi", __name__)
 
@@ -171,8 +171,23 @@ def _v2_paths() -> dict[str, Any]:
     return paths
 
 
-def spec() -> dict[str, Any]:
-    """The whole document."""
+def _handler_paths(handlers: dict[str, Any]) -> dict[str, Any]:
+    """For each model whose serving version has a handler: its predict path with the handler's schemas."""
+    paths: dict[str, Any] = {}
+    for name, handler in sorted(handlers.items()):
+        request = handler.request_schema if handler.request_schema is not None else {"type": "object"}
+        response = handler.response_schema if handler.response_schema is not None else ANY_JSON
+        said = "the handler's response" if handler.response_schema is not None else "free-form (the handler's response)"
+        paths[f"/v1/models/{name}:predict"] = {"post": {
+            "summary": f"Predict through model {name}'s handler", "parameters": [REQUEST_ID],
+            "requestBody": {"required": True, "content": _content(request)},
+            "responses": {"200": {"description": said, "content": _content(response)},
+                          **{str(code): {"description": "error", "content": _content(ERROR)} for code in INFER_ERRORS}}}}
+    return paths
+
+
+def spec(handlers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole document; `handlers` (model name -> its serving version's handler) add their own predict paths."""
     paths = {
         "/healthz": {"get": {"summary": "Liveness", "responses": _responses(_ref("Health"))}},
         "/readyz": {"get": {"summary": "Readiness of this worker", "responses": {
@@ -184,6 +199,7 @@ def spec() -> dict[str, Any]:
         "/openapi.json": {"get": {"summary": "This document", "responses": _responses({"type": "object"})}},
         **_tfserving_paths(),
         **_v2_paths(),
+        **_handler_paths(handlers or {}),
     }
     return {
         "openapi": "3.0.3",
@@ -196,5 +212,10 @@ def spec() -> dict[str, Any]:
 
 @blueprint.get("/openapi.json")
 def openapi() -> Response:
-    """The OpenAPI document."""
-    return json_response(spec())
+    """The OpenAPI document, with the handler models this worker serves."""
+    handlers = {}
+    for name, model in registry().models.items():
+        serving = model.available()
+        if serving and serving[0].handler is not None:
+            handlers[name] = serving[0].handler
+    return json_response(spec(handlers))

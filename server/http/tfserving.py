@@ -23,6 +23,7 @@ from server.http.common import (
     read_json,
     registry,
 )
+from server.http.handled import predict_with_handler
 from server.worker.registry import ModelVersion
 
 blueprint = Blueprint("tfserving", __name__)
@@ -81,17 +82,22 @@ def models(rest: str) -> Response:
         return json_response(_metadata(target), version=target)
     instrument.set_version(target.version)
     body = read_json()
+    if action == "predict" and target.handler is not None:
+        return json_response(predict_with_handler(target, body), version=target)
     if action == "predict":
         return json_response(_predict(target, body), version=target)
     return json_response(_classify_or_regress(target, body, action), version=target)
 
 
 def _metadata(target: ModelVersion) -> dict[str, Any]:
-    """GetModelMetadata's JSON: the model spec and every signature def."""
+    """GetModelMetadata's JSON: the model spec and every signature def (and the handler, when there is one)."""
     signatures = {k: v.tfserving_metadata() for k, v in sorted(target.servable.signatures.items())}
+    metadata: dict[str, Any] = {"signature_def": {"signature_def": signatures}}
+    if target.handler is not None:
+        metadata["handler"] = target.handler.describe()
     return {
         "model_spec": {"name": target.name, "signature_name": "", "version": str(target.version)},
-        "metadata": {"signature_def": {"signature_def": signatures}},
+        "metadata": metadata,
     }
 
 

@@ -108,7 +108,7 @@ REQUEST_SECONDS = Histogram(
     ["model", "api"], buckets=LATENCY_BUCKETS,
 )
 STAGE_SECONDS = Histogram(
-    "forkserve_request_stage_duration_seconds", "Time per request stage: decode, queue, compute, encode.",
+    "forkserve_request_stage_duration_seconds", "Time per request stage: decode, preprocess, queue, compute, postprocess, encode.",
     ["model", "stage"], buckets=LATENCY_BUCKETS,
 )
 

@@ -7,6 +7,7 @@ TensorFlow at import time: runtime is imported inside `load_all`, in the worker.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,13 @@ from server.target import (
 )
 from server.telemetry import metrics
 from server.worker.executor import ModelExecutor
+from server.worker.handlers import (
+    Handler,
+    HandlerError,
+    check_example,
+    has_handler,
+    load_handler,
+)
 
 log = logging.getLogger("forkserve.models")
 
@@ -43,6 +51,7 @@ class ModelVersion:
     load_seconds: float = 0.0
     servable: Any = None
     executor: ModelExecutor | None = None
+    handler: Handler | None = None  # the version's handler.py, when conf/models.toml turns handlers on
 
     @property
     def name(self) -> str:
@@ -230,7 +239,10 @@ class ModelRegistry:
         started = time.monotonic()
         try:
             servable = runtime.load_servable(entry.source)
+            handler = self._load_handler(entry)
             calls = servable.warm_up(entry.config.batch_buckets)
+            if handler is not None:
+                check_example(handler, servable.signatures, entry.config, servable.run)
         except Exception as exc:  # a bad model must never take the worker down
             entry.state, entry.error = END, f"failed to load: {type(exc).__name__}: {exc}".strip()[:2000]
             entry.load_seconds = time.monotonic() - started
@@ -238,7 +250,7 @@ class ModelRegistry:
             metrics.record(lambda: metrics.MODEL_LOAD_FAILURES.labels(*labels).inc())
             log.error("model %s version %s failed to load after %.2fs: %s", entry.name, entry.version, entry.load_seconds, entry.error)
             return False
-        entry.servable = servable
+        entry.servable, entry.handler = servable, handler
         entry.executor = ModelExecutor(
             f"{entry.name}/{entry.version}",
             servable.run,
@@ -260,6 +272,24 @@ class ModelRegistry:
             entry.name, entry.version, entry.source.format, calls, entry.load_seconds,
         )
         return True
+
+    @staticmethod
+    def _load_handler(entry: ModelVersion) -> Handler | None:
+        """The version's handler (imported, set up), None without one; HandlerError when it cannot be used.
+
+        NOTE: a handler is code; it runs only where conf/models.toml says `handler = true`. A
+        version that ships one without that fails: serving it without its handler would answer
+        its clients in another shape.
+        """
+        if not has_handler(entry.source.path):
+            return None
+        if not entry.config.handler:
+            raise HandlerError(
+                f"version {entry.version} has a handler.py, but handlers are off for model {entry.name} "
+                f"(set handler = true under [models.{entry.name}] in conf/models.toml); it is not served without it"
+            )
+        module = "forkserve_handler_" + re.sub(r"\W", "_", entry.name) + f"_{entry.version}"
+        return load_handler(entry.source.path, module)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready when loading is over and every model has a version that serves.

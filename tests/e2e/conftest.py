@@ -105,7 +105,7 @@ def build_repository(root: Path) -> Path:
         (root / name / "1").mkdir(parents=True)
         shutil.copy(KERAS2 / source, root / name / "1" / source)
     shutil.copytree(KERAS2 / "cnn_savedmodel", root / "cnn_savedmodel" / "1")
-    shutil.copytree(REPO_ROOT / "models" / "digits", root / "digits")
+    shutil.copytree(REPO_ROOT / "models" / "digits" / "1", root / "digits" / "1")  # the plain version
     # A corrupt model: random bytes where a .keras zip should be.
     (root / "corrupt" / "1").mkdir(parents=True)
     (root / "corrupt" / "1" / "model.keras").write_bytes(np.random.default_rng(0).bytes(4096))

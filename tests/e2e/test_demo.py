@@ -27,7 +27,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def test_demo_is_ready_and_answers_the_readme_request(demo: Server) -> None:
     ready = demo.get("/readyz")
     assert ready.status_code == 200, ready.text
-    assert ready.json()["models"]["digits"]["serving"] == [1]
+    assert ready.json()["models"]["digits"]["serving"] == [2, 1]
     result = subprocess.run(
         ["bash", str(ROOT / "examples" / "predict_digit.sh")],
         env={"FORKSERVE_URL": demo.url, "PATH": "/usr/bin:/bin"},
@@ -36,18 +36,24 @@ def test_demo_is_ready_and_answers_the_readme_request(demo: Server) -> None:
         timeout=30,
         check=True,
     )
-    assert '"predictions"' in result.stdout
-    predictions = json.loads(result.stdout)["predictions"][0]
+    handled, plain = (json.loads(line) for line in result.stdout.splitlines() if line.strip())
+    assert handled["digit"] == 3 and handled["probability"] > 0.99
+    predictions = plain["predictions"][0]
     assert max(range(10), key=lambda i: predictions[i]) == 3
 
 
-def test_readme_shows_the_real_answer(demo: Server) -> None:
-    png = (ROOT / "examples" / "digit.png").read_bytes()
-    answer = demo.post("/v1/models/digits:predict", json={"instances": [{"b64": base64.b64encode(png).decode()}]})
-    readme = (ROOT / "README.md").read_text()
-    # The README quotes the answer in the first line starting with {"predictions"; it must be this one.
-    quoted = next(line for line in readme.splitlines() if line.startswith('{"predictions"'))
-    assert np.allclose(json.loads(quoted)["predictions"], answer.json()["predictions"], atol=1e-6)
+def test_readme_shows_the_real_answers(demo: Server) -> None:
+    b64 = base64.b64encode((ROOT / "examples" / "digit.png").read_bytes()).decode()
+    handled = demo.post("/v1/models/digits:predict", json={"image": b64})
+    plain = demo.post("/v1/models/digits/versions/1:predict", json={"instances": [{"b64": b64}]})
+    assert handled.headers["X-Model-Version"] == "2" and plain.headers["X-Model-Version"] == "1"
+    readme = (ROOT / "README.md").read_text().splitlines()
+    # The README quotes each answer in the first line that starts like it; they must be these.
+    quoted_handled = json.loads(next(line for line in readme if line.startswith('{"digit"')))
+    quoted_plain = json.loads(next(line for line in readme if line.startswith('{"predictions"')))
+    assert quoted_handled["digit"] == handled.json()["digit"]
+    assert np.isclose(quoted_handled["probability"], handled.json()["probability"], atol=1e-6)
+    assert np.allclose(quoted_plain["predictions"], plain.json()["predictions"], atol=1e-6)
 
 
 def test_sigterm_stops_the_server_gracefully(tmp_path: Path) -> None:

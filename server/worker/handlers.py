@@ -1,0 +1,164 @@
+"""A model version's own Python: `handler.py` beside the model, loaded in the worker after fork.
+
+A team's pre- and post-processing (decoding, feature scaling, label maps, the response shape
+its clients parse) lives in `<name>/<version>/handler.py` as `class Handler`, every method
+optional:
+
+    setup(self, version_dir: pathlib.Path) -> None        worker, after fork, before warm-up
+    preprocess(self, body: dict) -> dict[str, ndarray]     request thread: the JSON body -> model inputs
+    postprocess(self, outputs: dict[str, ndarray], body: dict) -> Any   request thread: rows -> response
+
+and, optionally, class attributes `example` (a request body warm-up and publish run through
+both methods), `signature_name` (the signature preprocess feeds; default serving_default),
+`request_schema` and `response_schema` (JSON Schema for /openapi.json and the metadata).
+
+The model's TensorFlow call stays in its executor thread: a handler never calls the model, so
+requests through a handler are batched like any other. `ValueError` (and its subclasses) from
+preprocess or postprocess is the client's fault (400 with its message); anything else is a 500.
+Runs in workers and in `publish`'s validation child; imports no TensorFlow itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+HANDLER_FILE = "handler.py"
+DEFAULT_SIGNATURE = "serving_default"
+
+
+class HandlerError(Exception):
+    """The handler cannot be used: it does not import, has no Handler, or its setup or example fails."""
+
+
+def has_handler(version_dir: Path) -> bool:
+    """Whether a version directory holds a handler.py."""
+    return (version_dir / HANDLER_FILE).is_file()
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A loaded handler: the instance and what it declares."""
+
+    instance: Any
+    preprocess: Callable[[dict], dict] | None
+    postprocess: Callable[[dict, dict], Any] | None
+    signature_name: str
+    example: dict | None
+    request_schema: dict | None
+    response_schema: dict | None
+
+    def describe(self) -> dict[str, Any]:
+        """What metadata and /openapi.json say about this handler."""
+        return {
+            "preprocess": self.preprocess is not None,
+            "postprocess": self.postprocess is not None,
+            "signature_name": self.signature_name,
+            "request_schema": self.request_schema if self.request_schema is not None else "free-form",
+            "response_schema": self.response_schema if self.response_schema is not None else "free-form",
+            "v2_infer": "the model's own input and output tensors; the handler is not called",
+        }
+
+
+def load_handler(version_dir: Path, module_name: str) -> Handler:
+    """Import handler.py from `version_dir` under `module_name`, build the Handler and run its setup."""
+    path = version_dir / HANDLER_FILE
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise HandlerError(f"{path} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # NOTE: a name of its own per model version: versions never share code
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # SyntaxError, ImportError, anything at module level
+        sys.modules.pop(module_name, None)
+        raise HandlerError(f"handler.py failed to import: {_describe(exc)}") from None
+    cls = getattr(module, "Handler", None)
+    if not isinstance(cls, type):
+        raise HandlerError("handler.py defines no class Handler")
+    try:
+        instance = cls()
+        setup = getattr(instance, "setup", None)
+        if setup is not None:
+            setup(version_dir)
+    except Exception as exc:
+        raise HandlerError(f"Handler setup failed: {_describe(exc)}") from None
+    example = getattr(instance, "example", None)
+    if example is not None and not isinstance(example, dict):
+        raise HandlerError(f"Handler.example must be a dict (a request body), got {type(example).__name__}")
+    return Handler(
+        instance=instance,
+        preprocess=getattr(instance, "preprocess", None),
+        postprocess=getattr(instance, "postprocess", None),
+        signature_name=str(getattr(instance, "signature_name", DEFAULT_SIGNATURE)),
+        example=example,
+        request_schema=_schema(instance, "request_schema"),
+        response_schema=_schema(instance, "response_schema"),
+    )
+
+
+def check_example(handler: Handler, signatures: dict[str, Any], config: Any, run: Callable) -> None:
+    """Run the handler's example through preprocess, the model (`run`) and postprocess; HandlerError if any fails.
+
+    Warm-up in a worker and validation in `publish` both do this, so a handler that cannot answer
+    its own example is never served.
+    """
+    if handler.example is None:
+        return
+    from server.http.codecs import jsonio
+    from server.http.codecs.tensors import validate_inputs
+
+    body = handler.example
+    try:
+        if handler.preprocess is not None:
+            signature = _signature(signatures, handler.signature_name)
+            inputs = model_inputs(handler.preprocess(dict(body)))
+        else:  # a plain TF Serving body, for a handler with only postprocess
+            from server.http.codecs.tfserving import decode_predict
+
+            decoded = decode_predict(dict(body), lambda name: _signature(signatures, name), config)
+            signature, inputs = signatures[decoded.signature_name], decoded.inputs
+        fed, _ = validate_inputs(inputs, signature, config)
+        outputs = run(signature.name, fed)
+        if handler.postprocess is not None:
+            jsonio.dumps(handler.postprocess(outputs, dict(body)))
+    except HandlerError:
+        raise
+    except Exception as exc:
+        message = getattr(exc, "message", None) or _describe(exc)
+        raise HandlerError(f"Handler.example failed: {message}") from None
+
+
+def _signature(signatures: dict[str, Any], name: str) -> Any:
+    if name not in signatures:
+        raise HandlerError(f"the model has no signature {name!r} (it has {sorted(signatures)})")
+    return signatures[name]
+
+
+def model_inputs(value: Any) -> dict[str, np.ndarray]:
+    """What preprocess returned, as named numpy arrays; a TypeError names what is wrong."""
+    if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
+        raise TypeError(f"Handler.preprocess must return a dict of input name to array, got {type(value).__name__}")
+    return {name: np.asarray(array) for name, array in value.items()}
+
+
+def _schema(instance: Any, name: str) -> dict | None:
+    schema = getattr(instance, name, None)
+    if schema is not None and not isinstance(schema, dict):
+        raise HandlerError(f"Handler.{name} must be a JSON Schema object (a dict), got {type(schema).__name__}")
+    return schema
+
+
+def _describe(exc: BaseException) -> str:
+    """The exception and the handler.py line it came from."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(HANDLER_FILE)]
+    where = f" (handler.py line {frames[-1].lineno})" if frames else ""
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        where = f" (handler.py line {exc.lineno})"
+    return f"{type(exc).__name__}: {exc}{where}"

@@ -1,0 +1,64 @@
+"""Loading a version's handler.py: what it declares, and every way it can be unusable (no TensorFlow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from server.worker.handlers import HandlerError, has_handler, load_handler, model_inputs
+
+
+def version(root: Path, name: str, source: str) -> Path:
+    directory = root / name
+    directory.mkdir()
+    (directory / "handler.py").write_text(source)
+    return directory
+
+
+def test_a_handler_declares_its_methods_schemas_and_example_set_in_setup(tmp_path: Path) -> None:
+    directory = version(tmp_path, "1", '''
+class Handler:
+    response_schema = {"type": "object"}
+    def setup(self, version_dir):
+        self.example = {"x": (version_dir / "x.txt").read_text()}
+    def preprocess(self, body):
+        return body
+''')
+    (directory / "x.txt").write_text("7")
+    handler = load_handler(directory, "forkserve_handler_t1")
+    assert has_handler(directory) and not has_handler(tmp_path)
+    assert handler.example == {"x": "7"} and handler.postprocess is None and handler.signature_name == "serving_default"
+    described = handler.describe()
+    assert described["request_schema"] == "free-form" and described["response_schema"] == {"type": "object"}
+    assert described["preprocess"] and not described["postprocess"]
+
+
+def test_two_versions_of_one_handler_never_share_module_state(tmp_path: Path) -> None:
+    source = "LABEL = {label!r}\nclass Handler:\n    def postprocess(self, outputs, body):\n        return LABEL\n"
+    one = load_handler(version(tmp_path, "1", source.format(label="cat")), "forkserve_handler_m_1")
+    two = load_handler(version(tmp_path, "2", source.format(label="red")), "forkserve_handler_m_2")
+    assert (one.postprocess({}, {}), two.postprocess({}, {})) == ("cat", "red")
+
+
+@pytest.mark.parametrize(("source", "reason"), [
+    ("import not_a_module_anyone_has\n", "handler.py failed to import: ModuleNotFoundError"),
+    ("class Handler:\n    def setup(self, d)\n        pass\n", "handler.py failed to import: SyntaxError"),
+    ("x = 1\n", "handler.py defines no class Handler"),
+    ("class Handler:\n    def setup(self, d):\n        raise OSError('no labels')\n",
+     "Handler setup failed: OSError: no labels (handler.py line 3)"),
+    ("class Handler:\n    example = [1, 2]\n", "Handler.example must be a dict"),
+    ("class Handler:\n    request_schema = 'any'\n", "Handler.request_schema must be a JSON Schema object"),
+])
+def test_an_unusable_handler_says_why(tmp_path: Path, source: str, reason: str) -> None:
+    with pytest.raises(HandlerError, match=None) as raised:
+        load_handler(version(tmp_path, "1", source), "forkserve_handler_bad")
+    assert reason in str(raised.value)
+
+
+def test_preprocess_results_become_named_arrays_or_a_clear_type_error() -> None:
+    inputs = model_inputs({"x": [[1.0, 2.0]]})
+    assert isinstance(inputs["x"], np.ndarray) and inputs["x"].shape == (1, 2)
+    with pytest.raises(TypeError, match="must return a dict of input name to array, got list"):
+        model_inputs([[1.0, 2.0]])
