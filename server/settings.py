@@ -84,6 +84,7 @@ class Settings:
     max_body_bytes: int
     log_level: str
     access_log: bool  # one gunicorn access-log line per request (costs CPU: see docs/performance.md)
+    gc_freeze: bool  # gc.freeze() after loading: full collections skip TensorFlow's heap (docs/performance.md)
     run_dir: Path  # worker state files and the metrics directory; one per instance
     metrics_dir: Path  # prometheus_client multiprocess directory
     multiprocess_metrics: bool  # PROMETHEUS_MULTIPROC_DIR is set (always under gunicorn.conf.py)
@@ -113,6 +114,7 @@ class Settings:
             max_body_bytes=_env_int("FORKSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES) or DEFAULT_MAX_BODY_BYTES,
             log_level=os.environ.get("FORKSERVE_LOG_LEVEL", "info"),
             access_log=os.environ.get("FORKSERVE_ACCESS_LOG", "1").strip().lower() not in ("0", "false", "off", "no"),
+            gc_freeze=os.environ.get("FORKSERVE_GC_FREEZE", "1").strip().lower() not in ("0", "false", "off", "no"),
             run_dir=run_dir,
             metrics_dir=Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics").resolve(),
             multiprocess_metrics=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),

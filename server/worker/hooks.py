@@ -78,6 +78,9 @@ def post_worker_init(worker: Any) -> None:
             registry.load_all(intra, settings.inter_op_threads, loading, stopping=lambda: not worker.alive)
     except Exception:  # NOTE: a bug here must not halt the server; the worker reports not ready
         worker.log.exception("forkserve: loading models failed")
+    if settings.gc_freeze:
+        worker.log.info("forkserve worker %s froze %d loaded objects out of the garbage collector's reach",
+                        pid, freeze_the_loaded_heap())
     from server.telemetry import metrics
 
     ready, report = registry.readiness()
@@ -89,6 +92,21 @@ def post_worker_init(worker: Any) -> None:
         for name, entry in report.items()
     }
     write_worker_state(settings.run_dir, WorkerState(pid, registry.generation, LOADED, None, ready, models))
+
+
+def freeze_the_loaded_heap() -> int:
+    """Move every object alive after loading out of the garbage collector's reach (gc.freeze).
+
+    NOTE: the heap after loading is TensorFlow's and Keras's object graph, millions of objects
+    that never die. Each full collection walked all of them: 165-218 ms stalls every 10-30 s
+    under load, the whole of the p99 at one connection. Frozen, a full collection walks only what
+    requests allocated since.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def worker_exit(server: Any, worker: Any) -> None:

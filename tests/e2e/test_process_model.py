@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -21,6 +22,13 @@ def test_master_never_loads_tensorflow_and_workers_do(server: Server) -> None:
     assert len(workers) == 2
     assert all(_maps_tensorflow(pid) for pid in workers)
     assert all(int(Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[1]) == server.process.pid for pid in workers)
+
+
+def test_each_worker_freezes_its_loaded_heap_out_of_the_collector_s_reach(server: Server) -> None:
+    """Full collections walking TensorFlow's object graph stalled requests 120-220 ms (docs/performance.md)."""
+    for pid in server.worker_pids():
+        frozen = re.search(rf"forkserve worker {pid} froze (\d+) loaded objects", server.log())
+        assert frozen and int(frozen[1]) > 100_000, server.log()[-2000:]
 
 
 def test_sigkilled_worker_is_replaced_and_serving_continues(server: Server) -> None:
