@@ -4,7 +4,7 @@ The packages follow the processes and threads that run their code:
 
 | package | runs in | must never import |
 |---|---|---|
-| server (settings, config, repository, signature, errors, state, target, compat) | every process: the shared core | tensorflow, keras |
+| server (settings, config, repository, signature, errors, state, target, compat, connection_board) | every process: the shared core | tensorflow, keras |
 | server.master | the gunicorn master (arbiter): its hooks, the repository watcher and rollout thread, CPU slots | tensorflow, keras |
 | server.worker | a worker after fork: its hooks, the model registry, one executor thread per model version, the TensorFlow runtime | tensorflow or keras at import (only server.worker.runtime imports them, when a worker loads its models) |
 | server.http | a worker's request threads: the Flask app, the API views and the codecs | tensorflow, keras (the tf.Example codec imports protobuf classes inside a worker) |

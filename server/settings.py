@@ -58,6 +58,11 @@ def _env_int(name: str, default: int) -> int:
 PIN_MODES = {"auto": "auto", "1": "on", "true": "on", "on": "on", "yes": "on", "0": "off", "false": "off", "off": "off", "no": "off"}
 
 
+def _env_flag(name: str, default: str = "1") -> bool:
+    """A FORKSERVE_* switch: on unless 0, false, off or no."""
+    return os.environ.get(name, default).strip().lower() not in ("0", "false", "off", "no")
+
+
 def _pin_mode(raw: str) -> str:
     """FORKSERVE_PIN_CPUS as "auto", "on" or "off"."""
     mode = PIN_MODES.get(raw.strip().lower())
@@ -85,6 +90,7 @@ class Settings:
     log_level: str
     access_log: bool  # one gunicorn access-log line per request (costs CPU: see docs/performance.md)
     gc_freeze: bool  # gc.freeze() after loading: full collections skip TensorFlow's heap (docs/performance.md)
+    balance_connections: bool  # workers shed keep-alive connections above an even share (server.connection_board)
     run_dir: Path  # worker state files and the metrics directory; one per instance
     metrics_dir: Path  # prometheus_client multiprocess directory
     multiprocess_metrics: bool  # PROMETHEUS_MULTIPROC_DIR is set (always under gunicorn.conf.py)
@@ -113,8 +119,9 @@ class Settings:
             inter_op_threads=_env_int("FORKSERVE_INTER_OP_THREADS", 1) or 1,
             max_body_bytes=_env_int("FORKSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES) or DEFAULT_MAX_BODY_BYTES,
             log_level=os.environ.get("FORKSERVE_LOG_LEVEL", "info"),
-            access_log=os.environ.get("FORKSERVE_ACCESS_LOG", "1").strip().lower() not in ("0", "false", "off", "no"),
-            gc_freeze=os.environ.get("FORKSERVE_GC_FREEZE", "1").strip().lower() not in ("0", "false", "off", "no"),
+            access_log=_env_flag("FORKSERVE_ACCESS_LOG"),
+            gc_freeze=_env_flag("FORKSERVE_GC_FREEZE"),
+            balance_connections=_env_flag("FORKSERVE_BALANCE_CONNECTIONS"),
             run_dir=run_dir,
             metrics_dir=Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics").resolve(),
             multiprocess_metrics=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),

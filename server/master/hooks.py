@@ -15,6 +15,7 @@ import os
 import shutil
 from typing import Any
 
+from server import connection_board
 from server.config import ConfigError, ServerConfig, load_config
 from server.master import cpus
 from server.settings import Settings
@@ -51,6 +52,8 @@ def on_starting(server: Any) -> None:
     # initialised, so a metrics directory that breaks later can never fail a worker's app import.
     from server.telemetry import metrics  # noqa: F401
 
+    if settings.balance_connections:
+        connection_board.create()
     server.log.info(
         "forkserve: models %s, conf %s, %d workers x %d threads, %d CPUs",
         settings.models_dir, settings.conf_path, server.cfg.workers, server.cfg.threads, settings.cpus,
@@ -103,6 +106,8 @@ def child_exit(server: Any, worker: Any) -> None:
     except OSError as exc:  # a full disk or a removed directory degrades metrics, not serving
         server.log.warning("forkserve: could not fold metrics of worker %s: %s", worker.pid, exc)
     remove_worker_state(settings.run_dir, worker.pid)
+    if connection_board.BOARD is not None and getattr(worker, "forkserve_slot", None) is not None:
+        connection_board.BOARD.release(worker.forkserve_slot)  # a SIGKILLed worker could not
 
 
 def _share_gunicorn_log(server: Any) -> None:
@@ -132,13 +137,16 @@ def _clean_run_dir_after_failed_start(master_pid: int) -> None:
 
 
 def pre_fork(server: Any, worker: Any) -> None:
-    """Master, before each fork: give the new worker the CPU slot the fewest other workers keep.
+    """Master, before each fork: a slot on the connection board, and the CPU slot the fewest other workers keep.
 
     A rollout adds a worker before it retires an old one, so with the fleet full the oldest
     workers (retiring ones sort first) do not count: the new worker takes the slot they free.
     """
     if _controller is not None:
         _controller.fleet.mark_newborn(worker)
+    if connection_board.BOARD is not None:
+        worker.forkserve_slot = connection_board.BOARD.free_slot(
+            {w.forkserve_slot for w in server.WORKERS.values() if getattr(w, "forkserve_slot", None) is not None})
     workers = server.cfg.workers  # the configured count; a rollout raises only server.num_workers
     if not Settings.current().pins_for(workers):
         return

@@ -10,13 +10,16 @@ from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker
 
-from server import compat
+from server import compat, connection_board
 
 
 class ForkserveWorker(ThreadWorker):
     """ThreadWorker that leaves Ctrl-C to the master, quits once and answers in one write."""
 
     _quitting = False
+    forkserve_slot: int | None = None  # on the connection board, given by the master (pre_fork)
+    _configured_connections = 1000
+    _configured_keepalived = 1000
 
     def init_process(self) -> None:
         """Send each response in one write, then run gunicorn's worker (this call returns only at exit)."""
@@ -39,4 +42,56 @@ class ForkserveWorker(ThreadWorker):
         if self._quitting:
             return
         self._quitting = True
+        self._leave_board()
         super().handle_quit(sig, frame)
+
+    # --- keep-alive connections spread evenly over the workers (server.connection_board) ---
+
+    def _board(self) -> connection_board.ConnectionBoard | None:
+        """The board, while this worker accepts and holds a slot on it."""
+        board = connection_board.BOARD
+        if board is None or self.forkserve_slot is None or not self.alive:
+            return None
+        return board
+
+    def run(self) -> None:
+        """Count in the share from the moment this worker accepts (not while it loads)."""
+        board = self._board()
+        if board is not None:
+            board.publish(self.forkserve_slot, 0)
+        super().run()
+
+    @property
+    def worker_connections(self) -> int:
+        """gthread accepts while nr_conns is below this: its setting, capped at an even share."""
+        board = self._board()
+        if board is None:
+            return self._configured_connections
+        board.publish(self.forkserve_slot, self.nr_conns)  # NOTE: gthread's loop reads this once per pass
+        return min(self._configured_connections, board.bound(self.cfg.threads))
+
+    @worker_connections.setter
+    def worker_connections(self, value: int) -> None:
+        self._configured_connections = value
+
+    @property
+    def max_keepalived(self) -> int:
+        """A request thread closes its connection after the answer at this many kept alive: 0 above the share."""
+        board = self._board()
+        if board is not None and self.nr_conns > board.bound(self.cfg.threads):
+            return 0  # gthread answers with Connection: close; the client reconnects to another worker
+        return self._configured_keepalived
+
+    @max_keepalived.setter
+    def max_keepalived(self, value: int) -> None:
+        self._configured_keepalived = value
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """SIGTERM (graceful stop): out of the share at once, then gunicorn's handler."""
+        self._leave_board()
+        super().handle_exit(sig, frame)
+
+    def _leave_board(self) -> None:
+        board = connection_board.BOARD
+        if board is not None and self.forkserve_slot is not None:
+            board.release(self.forkserve_slot)
