@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test unit e2e install install-dev system-deps lint diagrams clean
+.PHONY: run test unit e2e install install-dev system-deps lint diagrams clean bench-peers
 
 # What serving needs (requirements.txt), and forkserve itself so `python -m server` works from any directory.
 $(BIN)/.serving: requirements.txt pyproject.toml
@@ -40,8 +40,17 @@ e2e: install-dev system-deps
 lint: install-dev
 	$(BIN)/ruff check --select F,E9 server tests bench scripts gunicorn.conf.py
 
+# The peers bench.peers measures forkserve against, each in its own virtual environment.
+.peers/%/.installed: bench/peer_servers/%-requirements.txt
+	$(PYTHON) -m venv .peers/$*
+	.peers/$*/bin/pip install --quiet -r $<
+	touch $@
+
+bench-peers: install-dev .peers/mlserver/.installed .peers/kserve/.installed
+	$(BIN)/python -m bench.peers
+
 diagrams:
 	for source in docs/diagrams/*.dot; do dot -Tsvg "$$source" -o "$${source%.dot}.svg"; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache *.egg-info
+	rm -rf $(VENV) .peers .pytest_cache *.egg-info
