@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Debian packages the end-to-end tests and benchmarks use: prometheus (with promtool), nginx, wrk, hey.
+# Debian packages the end-to-end tests and benchmarks use: prometheus (with promtool), nginx, wrk, hey, kubectl (kustomize).
 set -euo pipefail
-packages=(prometheus nginx wrk hey)
-tools=(prometheus promtool nginx wrk hey)
+packages=(prometheus nginx wrk hey kubernetes-client)
+tools=(prometheus promtool nginx wrk hey kubectl)
 missing=0
 for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing=1

