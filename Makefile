@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test unit e2e install install-dev system-deps lint diagrams clean bench-peers
+.PHONY: run test unit e2e install install-dev system-deps lint diagrams clean bench-peers image-test
 
 # What serving needs (requirements.txt), and forkserve itself so `python -m server` works from any directory.
 $(BIN)/.serving: requirements.txt pyproject.toml
@@ -48,6 +48,12 @@ lint: install-dev
 
 bench-peers: install-dev .peers/mlserver/.installed .peers/kserve/.installed
 	$(BIN)/python -m bench.peers
+
+# Builds the container image with podman on a bookworm base made by debootstrap, then runs it
+# (tests/image/; about 10 minutes the first time, needs root, podman and debootstrap).
+image-test: install-dev
+	command -v podman >/dev/null && command -v debootstrap >/dev/null || apt-get install -y -qq --no-install-recommends podman debootstrap
+	FORKSERVE_IMAGE_TEST=1 $(BIN)/python -m pytest -s tests/image
 
 diagrams:
 	for source in docs/diagrams/*.dot; do dot -Tsvg "$$source" -o "$${source%.dot}.svg"; done

@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 from bench import models
+from bench.common import arguments
 from bench.load import LoadResult, run_wrk
 from bench.run import request_bodies
-from tests.e2e.harness import ROOT, Server
+from tests.e2e.harness import Server
 from tests.e2e.nginx import Nginx
 
 CONNECTIONS = 64
@@ -62,10 +63,7 @@ def cell(url: str, port: int, body: bytes, seconds: float) -> tuple[LoadResult, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser = arguments(__doc__)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="forkserve-connections-"))
     models.build(work / "models")

@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 from PIL import Image
 
+from bench.common import arguments
 from bench.load import LoadResult, run_wrk
 from tests.e2e.harness import ROOT, Server
 
@@ -100,10 +101,7 @@ def cell(server: Server, version: int, body: bytes, seconds: float) -> tuple[Loa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser = arguments(__doc__)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="forkserve-handler-bench-"))
     (work / "run").mkdir()

@@ -37,6 +37,7 @@ import orjson
 import requests
 
 from bench import models
+from bench.common import arguments, finish_figure
 from bench.load import LoadResult, run_wrk
 from bench.run import Baseline, request_bodies
 from tests.e2e.harness import ROOT, Server, free_port, wait_until
@@ -153,11 +154,8 @@ class NoisyNeighbour:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = arguments(__doc__)
     parser.add_argument("--noisy", action="store_true", help="also measure with one core kept busy")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     for peer in ("mlserver", "kserve"):
         if not (PEERS / peer / "bin" / "python").exists():
@@ -269,12 +267,7 @@ def plot(measured: dict, path: Path) -> None:
             axes[1][column].plot(xs, [_median(r, "p99_seconds")[0] * 1000 for _, r in cells], "o-", label=server)
         axes[0][column].set(title=f"{workload}: throughput", xlabel="connections", ylabel="requests/s", xscale="log")
         axes[1][column].set(title=f"{workload}: p99 latency", xlabel="connections", ylabel="ms", xscale="log", yscale="log")
-        for axis in axes[:, column]:
-            axis.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
-            axis.legend(fontsize=7)
-            axis.grid(True, which="both", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    finish_figure(figure, axes, CONCURRENCY, path)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import requests
 from PIL import Image
 
 from bench import models
+from bench.common import finish_figure
 from bench.load import LoadResult, run_wrk
 from server.settings import available_cpus
 from tests.e2e.harness import ROOT, Server, free_port, wait_until
@@ -232,12 +233,7 @@ def plot(rows: list[Row], limits: dict, path: Path) -> None:
         axes[0][column].axhline(limits[workload]["batched_rate"], color="grey", linewidth=1, label="in-process batched limit")
         axes[0][column].set(title=f"{workload}: throughput", xlabel="concurrent connections", ylabel="requests/s", xscale="log", yscale="log")
         axes[1][column].set(title=f"{workload}: latency", xlabel="concurrent connections", ylabel="ms", xscale="log", yscale="log")
-        for axis in axes[:, column]:
-            axis.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
-            axis.legend(fontsize=7)
-            axis.grid(True, which="both", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    finish_figure(figure, axes, CONCURRENCY, path)
 
 
 def main() -> None:

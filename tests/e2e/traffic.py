@@ -13,9 +13,10 @@ BODY = {"instances": [[0.5] * 20, [-0.25] * 20]}
 
 @dataclass
 class Traffic:
-    """Clients posting predictions through nginx until stopped; every answer is recorded."""
+    """Clients posting predictions until stopped; every answer is recorded."""
 
     url: str
+    body: dict = field(default_factory=lambda: BODY)
     stop: threading.Event = field(default_factory=threading.Event)
     answers: list[tuple[float, int, str, str, float]] = field(default_factory=list)  # (t, status, version, error, seconds)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -25,7 +26,7 @@ class Traffic:
         while not self.stop.is_set():
             at = time.monotonic()
             try:
-                response = session.post(self.url, json=BODY, timeout=30)
+                response = session.post(self.url, json=self.body, timeout=30)
                 error = response.text[:200] if not response.ok else ""
                 record = (at, response.status_code, response.headers.get("X-Model-Version", ""), error, time.monotonic() - at)
             except requests.RequestException as exc:

@@ -1,0 +1,27 @@
+"""What the benchmarks share: their command line and the look of their plots."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tests.e2e.harness import ROOT
+
+
+def arguments(doc: str, seconds: float = 8.0, rounds: int = 3) -> argparse.ArgumentParser:
+    """--seconds per cell, --rounds of interleaved cells, --out for the results (add more, then parse)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=seconds, help="wrk duration per measurement")
+    parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds (medians are reported)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    return parser
+
+
+def finish_figure(figure, axes, concurrency: tuple[int, ...], path: Path) -> None:
+    """Connection counts as ticks, legends and grids on every axis, then save."""
+    for axis in axes.flat:
+        axis.set_xticks(concurrency, [str(c) for c in concurrency])
+        axis.legend(fontsize=7)
+        axis.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)

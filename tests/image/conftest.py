@@ -1,0 +1,5 @@
+"""The container tests build an image (minutes): collected only by `make image-test` (FORKSERVE_IMAGE_TEST=1)."""
+
+import os
+
+collect_ignore_glob = [] if os.environ.get("FORKSERVE_IMAGE_TEST") == "1" else ["test_*.py"]
