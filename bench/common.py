@@ -25,3 +25,10 @@ def finish_figure(figure, axes, concurrency: tuple[int, ...], path: Path) -> Non
         axis.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
+
+
+def save_table(out: Path, name: str, table: str) -> None:
+    """Write a results table into --out and show it."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(table)
+    print(table)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench import models
-from bench.common import arguments
+from bench.common import arguments, save_table
 from bench.load import LoadResult, run_wrk
 from bench.run import request_bodies
 from tests.e2e.harness import Server
@@ -94,9 +94,7 @@ def main() -> None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
     table = report(measured, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "connections.md").write_text(table)
-    print(table)
+    save_table(args.out, "connections.md", table)
 
 
 def report(measured: dict, args: argparse.Namespace) -> str:

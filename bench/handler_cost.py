@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 from PIL import Image
 
-from bench.common import arguments
+from bench.common import arguments, save_table
 from bench.load import LoadResult, run_wrk
 from tests.e2e.harness import ROOT, Server
 
@@ -122,9 +122,7 @@ def main() -> None:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     table = report(measured, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "handler-cost.md").write_text(table)
-    print(table)
+    save_table(args.out, "handler-cost.md", table)
 
 
 def report(measured: dict[str, list[tuple[LoadResult, float]]], args: argparse.Namespace) -> str:

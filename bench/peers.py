@@ -37,7 +37,7 @@ import orjson
 import requests
 
 from bench import models
-from bench.common import arguments, finish_figure
+from bench.common import arguments, finish_figure, save_table
 from bench.load import LoadResult, run_wrk
 from bench.run import Baseline, request_bodies
 from tests.e2e.harness import ROOT, Server, free_port, wait_until
@@ -218,10 +218,8 @@ def main() -> None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
     table = report(measured, memory, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "peers.md").write_text(table)
+    save_table(args.out, "peers.md", table)
     plot(measured, args.out / "peers.png")
-    print(table)
 
 
 def _median(results: list[LoadResult], field: str) -> tuple[float, float, float]:
