@@ -16,16 +16,20 @@ ENV VIRTUAL_ENV=/opt/forkserve/venv \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/opt/forkserve
 WORKDIR /opt/forkserve
 
 # Only what serving needs (requirements.txt), in a layer of its own: code changes do not reinstall TensorFlow.
-COPY requirements.txt pyproject.toml ./
-RUN python3 -m venv "$VIRTUAL_ENV" && pip install -r requirements.txt
+# Behind a TLS-inspecting proxy, hand pip its CA without baking it in: --secret id=pip_ca,src=ca.pem
+COPY requirements.txt ./
+RUN --mount=type=secret,id=pip_ca \
+    if [ -f /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi \
+    && python3 -m venv "$VIRTUAL_ENV" \
+    && pip install -r requirements.txt
 COPY server/ server/
 COPY gunicorn.conf.py ./
 COPY conf/models.toml conf/models.toml
-RUN pip install --no-deps . && rm -rf build ./*.egg-info
 
 # The demo repository, copied into a new /models volume on first use; mount your own over it.
 COPY models/ /models/

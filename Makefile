@@ -50,7 +50,9 @@ bench-peers: install-dev .peers/mlserver/.installed .peers/kserve/.installed
 	$(BIN)/python -m bench.peers
 
 # Builds the container image with podman on a bookworm base made by debootstrap, then runs it
-# (tests/image/; about 10 minutes the first time, needs root, podman and debootstrap).
+# (tests/image/; about 3 minutes the first time, 30 s after; needs root, podman and debootstrap).
+# Where the kernel refuses an OCI runtime's rlimits (some sandboxes), FORKSERVE_IMAGE_RUNNER=chroot
+# runs the image's file system, user and command under unshare instead of podman run.
 image-test: install-dev
 	command -v podman >/dev/null && command -v debootstrap >/dev/null || apt-get install -y -qq --no-install-recommends podman debootstrap
 	FORKSERVE_IMAGE_TEST=1 $(BIN)/python -m pytest -s tests/image
