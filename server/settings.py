@@ -45,6 +45,16 @@ def _env_seconds(name: str, default: float) -> float:
     return value
 
 
+def _env_milliseconds(name: str, default: float) -> float:
+    """Milliseconds from the environment, 0 meaning off, or the default."""
+    value = _env_value(name, float, "a number of milliseconds")
+    if value is None:
+        return default
+    if not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be 0 (off) or a positive number of milliseconds, got {value!r}")
+    return value
+
+
 def _env_int(name: str, default: int) -> int:
     """A non-negative integer from the environment, or the default."""
     value = _env_value(name, int, "an integer")
@@ -91,6 +101,7 @@ class Settings:
     access_log: bool  # one gunicorn access-log line per request (costs CPU: see docs/performance.md)
     gc_freeze: bool  # gc.freeze() after loading: full collections skip TensorFlow's heap (docs/performance.md)
     balance_connections: bool  # workers shed keep-alive connections above an even share (server.connection_board)
+    slow_request_ms: float  # log the stage times of inference requests slower than this inside the worker (0: never)
     run_dir: Path  # worker state files and the metrics directory; one per instance
     metrics_dir: Path  # prometheus_client multiprocess directory
     multiprocess_metrics: bool  # PROMETHEUS_MULTIPROC_DIR is set (always under gunicorn.conf.py)
@@ -122,6 +133,7 @@ class Settings:
             access_log=_env_flag("FORKSERVE_ACCESS_LOG"),
             gc_freeze=_env_flag("FORKSERVE_GC_FREEZE"),
             balance_connections=_env_flag("FORKSERVE_BALANCE_CONNECTIONS"),
+            slow_request_ms=_env_milliseconds("FORKSERVE_SLOW_REQUEST_MS", 1000.0),
             run_dir=run_dir,
             metrics_dir=Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics").resolve(),
             multiprocess_metrics=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),

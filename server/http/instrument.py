@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from flask import Response, g
 
+from server.settings import Settings
 from server.telemetry import metrics
 from server.telemetry.buffer import BUFFER
+
+log = logging.getLogger("forkserve.slow")
 
 UNKNOWN_MODEL = "_unknown"  # a 404 for a name that is not served must not create a label per name
 
@@ -46,7 +50,7 @@ def set_version(version: int) -> None:
 
 
 def stage(name: str, seconds: float) -> None:
-    """Record the time of one stage: decode, queue, compute or encode."""
+    """Record the time of one stage: decode, preprocess, queue, compute, postprocess or encode."""
     if "inference" in g:
         g.inference.stages[name] = seconds
 
@@ -60,7 +64,20 @@ def finish(response: Response) -> Response:
         BUFFER.add(metrics.REQUEST_SECONDS, (model, inference.api), time.perf_counter() - inference.started)
         for name, stage_seconds in inference.stages.items():
             BUFFER.add(metrics.STAGE_SECONDS, (model, name), stage_seconds)
+        _log_if_slow(inference, response.status_code)
     return response
+
+
+def _log_if_slow(inference: Inference, status: int) -> None:
+    """One line with the stage times of a request slower than FORKSERVE_SLOW_REQUEST_MS: where its time went."""
+    threshold = Settings.current().slow_request_ms
+    total = time.perf_counter() - inference.started
+    if not threshold or total * 1000 < threshold:
+        return
+    stages = " ".join(f"{name}={seconds * 1000:.2f}" for name, seconds in inference.stages.items())
+    other = total - sum(inference.stages.values())
+    log.warning("slow request %s: %s %s version=%s status=%d total_ms=%.2f %s other=%.2f", g.get("request_id", ""),
+                inference.model, inference.api, inference.version, status, total * 1000, stages, other * 1000)
 
 
 def release(_: BaseException | None = None) -> None:

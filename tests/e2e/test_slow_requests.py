@@ -1,0 +1,29 @@
+"""A request slower than FORKSERVE_SLOW_REQUEST_MS leaves one log line saying where its time went."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.e2e.conftest import copy_models
+from tests.e2e.harness import Server, wait_until
+
+
+def test_a_slow_request_logs_its_stage_times(model_repo: Path, tmp_path: Path) -> None:
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
+    server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=1,
+                    env={"FORKSERVE_SLOW_REQUEST_MS": "0.001"}).start()  # every request is "slow"
+    try:
+        answer = server.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 20]}, headers={"X-Request-Id": "slow-1"})
+        assert answer.status_code == 200
+        line = wait_until(lambda: re.search(r"slow request slow-1: mlp tfserving_predict version=1 status=200 (.*)", server.log()),
+                          10, "the slow-request line")[1]
+        times = {name: float(value) for name, value in re.findall(r"(\w+)=([\d.]+)", line)}
+        assert {"total_ms", "decode", "queue", "compute", "encode", "other"} <= times.keys(), line
+        stages = sum(value for name, value in times.items() if name != "total_ms")
+        assert abs(stages - times["total_ms"]) < 0.05 and times["compute"] > 0  # the stages and the rest add up
+        refused = server.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 3]}, headers={"X-Request-Id": "slow-2"})
+        assert refused.status_code == 400
+        wait_until(lambda: "slow request slow-2: mlp tfserving_predict version=1 status=400" in server.log(), 10, "the 400's line")
+    finally:
+        server.stop()
