@@ -12,18 +12,21 @@ it, so those clients reconnect to another worker. No TensorFlow: the master impo
 from __future__ import annotations
 
 import mmap
+import time
 
 SLOTS = 32  # workers at once, the rollout's extra one included; a worker without a slot is not balanced
 FREE = -1
 SLACK = 0.15  # a worker may hold this much above an even share before it sheds connections
+STALE_MS = 2000  # a worker that has not published for this long is stalled: it does not count in the share
 
 
 class ConnectionBoard:
     """Open-connection counts per worker slot, in memory shared by the master and every worker."""
 
     def __init__(self, slots: int = SLOTS) -> None:
-        self._memory = mmap.mmap(-1, slots * 8)  # anonymous and MAP_SHARED: forked workers see one board
-        self._counts = memoryview(self._memory).cast("q")
+        self._memory = mmap.mmap(-1, slots * 16)  # anonymous and MAP_SHARED: forked workers see one board
+        self._counts = memoryview(self._memory)[: slots * 8].cast("q")
+        self._published = memoryview(self._memory)[slots * 8 :].cast("q")  # CLOCK_MONOTONIC ms, one clock for all processes
         for slot in range(slots):
             self._counts[slot] = FREE
 
@@ -36,6 +39,7 @@ class ConnectionBoard:
 
     def publish(self, slot: int, connections: int) -> None:
         """Worker: how many connections it holds now (it accepts: it counts in the share)."""
+        self._published[slot] = int(time.monotonic() * 1000)
         self._counts[slot] = connections
 
     def release(self, slot: int) -> None:
@@ -43,16 +47,25 @@ class ConnectionBoard:
         self._counts[slot] = FREE
 
     def counts(self) -> list[int]:
-        """Open connections of every accepting worker."""
-        return [count for count in self._counts if count >= 0]
+        """Open connections of every accepting worker that published lately.
 
-    def bound(self, floor: int) -> int:
-        """Connections one worker may hold: an even share plus SLACK, never fewer than `floor`."""
+        NOTE: gthread's loop publishes at least once a second. A worker stopped, hung or in a
+        long pause must not cap the others at its own count while new clients wait in the backlog.
+        """
+        fresh = int(time.monotonic() * 1000) - STALE_MS
+        return [count for count, at in zip(self._counts, self._published) if count >= 0 and at >= fresh]
+
+    def bound(self) -> int:
+        """Connections one worker may hold: an even share plus SLACK (at least one more than the share).
+
+        NOTE: no floor at the thread count: with 16 connections and 16 threads one worker could
+        hold them all while the other idled (measured: MLP 2363 against 3118 req/s).
+        """
         live = self.counts()
         if len(live) < 2:
             return 1 << 30
         share = -(-sum(live) // len(live))
-        return max(floor, share + max(1, int(share * SLACK + 0.999)))
+        return share + max(1, int(share * SLACK + 0.999))
 
 
 BOARD: ConnectionBoard | None = None

@@ -68,7 +68,7 @@ class ForkserveWorker(ThreadWorker):
         if board is None:
             return self._configured_connections
         board.publish(self.forkserve_slot, self.nr_conns)  # NOTE: gthread's loop reads this once per pass
-        return min(self._configured_connections, board.bound(self.cfg.threads))
+        return min(self._configured_connections, board.bound())
 
     @worker_connections.setter
     def worker_connections(self, value: int) -> None:
@@ -78,7 +78,7 @@ class ForkserveWorker(ThreadWorker):
     def max_keepalived(self) -> int:
         """A request thread closes its connection after the answer at this many kept alive: 0 above the share."""
         board = self._board()
-        if board is not None and self.nr_conns > board.bound(self.cfg.threads):
+        if board is not None and self.nr_conns > board.bound():
             return 0  # gthread answers with Connection: close; the client reconnects to another worker
         return self._configured_keepalived
 
