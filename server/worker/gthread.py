@@ -46,6 +46,8 @@ class ForkserveWorker(ThreadWorker):
         super().handle_quit(sig, frame)
 
     # --- keep-alive connections spread evenly over the workers (server.connection_board) ---
+    # NOTE: gunicorn 27's gthread reads these two attributes where it decides to accept and to keep
+    # a connection alive; as properties they follow the board (listed in server/compat.py).
 
     def _board(self) -> connection_board.ConnectionBoard | None:
         """The board, while this worker accepts and holds a slot on it."""
