@@ -15,7 +15,7 @@ import os
 import shutil
 from typing import Any
 
-from server import connection_board
+from server import compat, connection_board
 from server.config import ConfigError, ServerConfig, load_config
 from server.master import cpus
 from server.settings import Settings
@@ -52,7 +52,7 @@ def on_starting(server: Any) -> None:
     # initialised, so a metrics directory that breaks later can never fail a worker's app import.
     from server.telemetry import metrics  # noqa: F401
 
-    if settings.balance_connections:
+    if settings.balance_connections and compat.verified("gunicorn"):  # relies on gthread's internals (compat)
         connection_board.create()
     server.log.info(
         "forkserve: models %s, conf %s, %d workers x %d threads, %d CPUs",
