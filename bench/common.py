@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.e2e.harness import ROOT
@@ -32,3 +34,15 @@ def save_table(out: Path, name: str, table: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(table)
     print(table)
+
+
+class NoisyNeighbour:
+    """One CPU-bound process at normal priority, as a log shipper or a sidecar would be."""
+
+    def __enter__(self) -> "NoisyNeighbour":
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.kill()
+        self.process.wait()

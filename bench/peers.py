@@ -37,7 +37,7 @@ import orjson
 import requests
 
 from bench import models
-from bench.common import arguments, finish_figure, save_table
+from bench.common import NoisyNeighbour, arguments, finish_figure, save_table
 from bench.load import LoadResult, run_wrk
 from bench.run import Baseline, request_bodies
 from tests.e2e.harness import ROOT, Server, free_port, wait_until
@@ -139,18 +139,6 @@ def process_tree_pss_mib(pid: int) -> float:
         except (OSError, StopIteration):
             continue
     return total / 1024
-
-
-class NoisyNeighbour:
-    """One CPU-bound process at normal priority, as a log shipper or a sidecar would be."""
-
-    def __enter__(self) -> "NoisyNeighbour":
-        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.process.kill()
-        self.process.wait()
 
 
 def main() -> None:

@@ -27,20 +27,22 @@ from tests.e2e.harness import ROOT, Server
 # (stage, file pattern, function pattern): a sample belongs to the stage of the frame nearest its
 # leaf that matches a rule, so a numpy call made by a codec counts as decoding.
 RULES = [
-    ("waking another thread (Condition.notify, reply lock release)", r"server/reply\.py|threading\.py", r"set_result|set_exception|notify"),
+    ("waking another thread (Condition.notify, reply lock release)", r"server/worker/reply\.py|threading\.py", r"set_result|set_exception|notify"),
     ("numpy <-> tensor conversion", r"constant_op\.py|framework/ops\.py|tensor_conversion", r""),
-    ("numpy <-> tensor conversion", r"server/runtime\.py", r"dictcomp"),
-    ("TensorFlow call", r"tensorflow/|server/runtime\.py", r""),
-    ("executor batching and hand-off (queue, padding, reply)", r"server/batching\.py|server/reply\.py", r""),
-    ("metrics (buffered, flusher thread)", r"server/metric_buffer\.py|server/metrics\.py|prometheus_client/", r""),
-    ("access log (buffered, flusher thread)", r"server/access_log\.py|gunicorn/glogging\.py", r""),
-    ("response encode", r"server/api/common\.py", r"json_response"),
-    ("request decode and validation (orjson, numpy, signature checks)", r"server/codecs/|server/api/common\.py", r""),
+    ("numpy <-> tensor conversion", r"server/worker/runtime\.py|server/compat\.py", r"dictcomp|flat"),
+    ("TensorFlow call", r"tensorflow/|keras/|server/worker/runtime\.py", r""),
+    ("executor batching and hand-off (queue, padding, reply)", r"server/worker/executor\.py|server/worker/reply\.py", r""),
+    ("metrics (buffered, flusher thread)", r"server/telemetry/(buffer|metrics|flusher|files)\.py|prometheus_client/", r""),
+    ("access log (buffered, flusher thread)", r"server/telemetry/access_log\.py|gunicorn/glogging\.py", r""),
+    ("response encode", r"server/http/common\.py|server/http/codecs/jsonio\.py", r"json_response|encode|dumps"),
+    ("request decode and validation (orjson, numpy, signature checks)", r"server/http/codecs/|server/http/common\.py|server/signature\.py", r""),
+    ("connection balancing (board reads and writes)", r"server/connection_board\.py", r""),
     ("forkserve views and instrumentation", r"server/", r""),
     ("Flask / Werkzeug request handling", r"flask/|werkzeug/", r""),
     ("gunicorn HTTP parsing and response writing", r"gunicorn/http/|gunicorn/util\.py", r""),
-    ("gunicorn worker loop (poll, accept, keep-alive)", r"gunicorn/|selectors\.py|concurrent/futures/", r""),
+    ("gunicorn worker loop (poll, accept, keep-alive)", r"gunicorn/|selectors\.py|concurrent/futures/|socket\.py", r""),
 ]
+GIL_FLAG: list[str] = []
 FRAME_RE = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 
@@ -72,6 +74,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--raw", type=Path, help="also keep py-spy's collapsed stacks here")
     args = parser.parse_args()
     pyspy = Path(sys.executable).with_name("py-spy")
     with tempfile.TemporaryDirectory(prefix="forkserve-profile-") as work:
@@ -85,13 +88,15 @@ def main() -> None:
             load.start()
             raw_path = Path(work) / "profile.raw"
             subprocess.run(
-                [str(pyspy), "record", "--gil", "-p", str(server.worker_pids()[0]), "-d", str(round(args.seconds)),
+                [str(pyspy), "record", *GIL_FLAG, "-p", str(server.worker_pids()[0]), "-d", str(round(args.seconds)),
                  "-r", "500", "-f", "raw", "-o", str(raw_path)],
                 check=True, capture_output=True, timeout=args.seconds + 60,
             )
             load.join()
         finally:
             server.stop()
+        if args.raw:
+            args.raw.write_text(raw_path.read_text())
         total, stages = summarize(raw_path.read_text())
     lines = [f"py-spy record --gil, one of {available_cpus()} workers, {args.workload.upper()}, wrk -c{args.connections}: "
              f"{total} samples of the thread holding the GIL"]
