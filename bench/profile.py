@@ -42,7 +42,7 @@ RULES = [
     ("gunicorn HTTP parsing and response writing", r"gunicorn/http/|gunicorn/util\.py", r""),
     ("gunicorn worker loop (poll, accept, keep-alive)", r"gunicorn/|selectors\.py|concurrent/futures/|socket\.py", r""),
 ]
-GIL_FLAG: list[str] = []
+GIL_FLAG = ["--gil"]  # samples of the thread holding the GIL only
 FRAME_RE = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 

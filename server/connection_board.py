@@ -14,10 +14,10 @@ from __future__ import annotations
 import mmap
 import time
 
-SLOTS = 32  # workers at once, the rollout's extra one included; a worker without a slot is not balanced
+SLOTS = 32  # at least this many workers at once (the master sizes it for its worker count and rollouts)
 FREE = -1
 SLACK = 0.15  # a worker may hold this much above an even share before it sheds connections
-STALE_MS = 2000  # a worker that has not published for this long is stalled: it does not count in the share
+STALE_MS = 3000  # a worker that has not published for this long is stalled: it does not count in the share
 
 
 class ConnectionBoard:
@@ -71,9 +71,9 @@ class ConnectionBoard:
 BOARD: ConnectionBoard | None = None
 
 
-def create() -> ConnectionBoard:
+def create(slots: int = SLOTS) -> ConnectionBoard:
     """Master, before the first fork: the board every worker will inherit."""
     global BOARD
     if BOARD is None:
-        BOARD = ConnectionBoard()
+        BOARD = ConnectionBoard(slots)
     return BOARD

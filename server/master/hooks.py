@@ -53,7 +53,7 @@ def on_starting(server: Any) -> None:
     from server.telemetry import metrics  # noqa: F401
 
     if settings.balance_connections and compat.verified("gunicorn"):  # relies on gthread's internals (compat)
-        connection_board.create()
+        connection_board.create(slots=max(connection_board.SLOTS, 2 * server.cfg.workers + 2))  # room for TTIN and rollouts
     server.log.info(
         "forkserve: models %s, conf %s, %d workers x %d threads, %d CPUs",
         settings.models_dir, settings.conf_path, server.cfg.workers, server.cfg.threads, settings.cpus,
@@ -147,6 +147,8 @@ def pre_fork(server: Any, worker: Any) -> None:
     if connection_board.BOARD is not None:
         worker.forkserve_slot = connection_board.BOARD.free_slot(
             {w.forkserve_slot for w in server.WORKERS.values() if getattr(w, "forkserve_slot", None) is not None})
+        if worker.forkserve_slot is None:
+            server.log.warning("forkserve: no free slot on the connection board; this worker's connections are not balanced")
     workers = server.cfg.workers  # the configured count; a rollout raises only server.num_workers
     if not Settings.current().pins_for(workers):
         return

@@ -5,7 +5,9 @@ gunicorn.conf.py names it as `worker_class`. The master only loads the class.
 
 from __future__ import annotations
 
+import functools
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker
@@ -20,11 +22,35 @@ class ForkserveWorker(ThreadWorker):
     forkserve_slot: int | None = None  # on the connection board, given by the master (pre_fork)
     _configured_connections = 1000
     _configured_keepalived = 1000
+    _closer: ThreadPoolExecutor | None = None
 
     def init_process(self) -> None:
         """Send each response in one write, then run gunicorn's worker (this call returns only at exit)."""
         compat.send_responses_in_one_write()
+        if compat.verified("gunicorn"):
+            self._closer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forkserve-closer")
         super().init_process()
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        """Main thread, after each request: gthread's, with the graceful close of a finished connection off this thread.
+
+        NOTE: gunicorn 27 closes a `Connection: close` connection on the main thread and lingers up
+        to 2 s for the client's FIN; meanwhile the worker accepted nothing and its keep-alive
+        clients' next requests waited (measured: 2002 ms). Balancing closes connections on purpose.
+        """
+        if self._closer is not None and "close" not in vars(conn):
+            conn.close = functools.partial(self._close_off_the_loop, conn.close)
+        super().finish_request(conn, fs)
+
+    def _close_off_the_loop(self, close: Any, graceful: bool = False) -> None:
+        """A graceful close runs on a closer thread; an abortive one at once."""
+        if graceful and self._closer is not None:
+            try:
+                self._closer.submit(close, graceful=True)
+                return
+            except RuntimeError:  # the worker is exiting: the pool takes no more work
+                pass
+        close(graceful=graceful)
 
     def init_signals(self) -> None:
         """gunicorn's handlers, except SIGINT, which this worker ignores.

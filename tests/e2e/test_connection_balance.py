@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -107,3 +108,31 @@ def test_connections_left_on_the_survivor_of_a_restart_move_to_the_new_worker(se
     finally:
         for client in clients:
             client.sock.close()
+
+
+def test_a_client_that_keeps_a_closed_connection_open_does_not_stall_the_worker(server: Server) -> None:
+    """A `Connection: close` answer to a client that never closes its end leaves the worker's other clients served."""
+    busy, stalled = server.worker_pids()
+    os.kill(stalled, signal.SIGSTOP)  # every connection below lands on the busy worker
+    lingering = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    other = KeepAliveClient(server.port)
+    try:
+        assert other.predict() == 200  # kept alive: back on the busy worker's poller
+        lingering.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = lingering.recv(65536)
+            assert chunk, "closed before the answer"
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:80]
+        # The server now waits for this client's FIN, which never comes (gunicorn lingers up to 2 s).
+        slowest = 0.0
+        for _ in range(5):
+            started = time.monotonic()
+            assert other.predict() == 200
+            slowest = max(slowest, time.monotonic() - started)
+        assert slowest < 1.0, f"a keep-alive client waited {slowest:.2f} s behind another client's close"
+    finally:
+        os.kill(stalled, signal.SIGCONT)
+        lingering.close()
+        other.sock.close()
