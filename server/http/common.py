@@ -143,8 +143,9 @@ def infer(version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], 
             f"model {version.name} version {version.version} did not answer within {timeout}s"
         ) from None
     finally:
+        # A request that gave up (deadline) still shows where it waited: in the queue, or in the call.
+        now = time.monotonic()
+        instrument.stage("queue", (job.started or now) - job.enqueued)
         if job.started:
-            instrument.stage("queue", job.started - job.enqueued)
-        if job.finished:
-            instrument.stage("compute", job.finished - job.started)
+            instrument.stage("compute", (job.finished or now) - job.started)
     return outputs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -74,10 +75,45 @@ def _log_if_slow(inference: Inference, status: int) -> None:
     total = time.perf_counter() - inference.started
     if not threshold or total * 1000 < threshold:
         return
+    suppressed = SLOW_LOG_LIMIT.admit()
+    if suppressed is None:
+        return
+    if suppressed:
+        log.warning("%d more slow requests were not logged (at most %d lines a second)", suppressed, SLOW_LOG_LIMIT.per_second)
     stages = " ".join(f"{name}={seconds * 1000:.2f}" for name, seconds in inference.stages.items())
     other = total - sum(inference.stages.values())
     log.warning("slow request %s: %s %s version=%s status=%d total_ms=%.2f %s other=%.2f", g.get("request_id", ""),
                 inference.model, inference.api, inference.version, status, total * 1000, stages, other * 1000)
+
+
+class LineLimit:
+    """At most `per_second` log lines a second; the rest are counted and reported with the next line let through.
+
+    NOTE: under overload every request is slow; one synchronous line each would add to the overload.
+    """
+
+    def __init__(self, per_second: int) -> None:
+        self.per_second = per_second
+        self._lock = threading.Lock()
+        self._second = 0
+        self._lines = 0
+        self._suppressed = 0
+
+    def admit(self) -> int | None:
+        """None: do not log; else log, after reporting this many suppressed lines (0: none)."""
+        second = int(time.monotonic())
+        with self._lock:
+            if second != self._second:
+                self._second, self._lines = second, 0
+            if self._lines >= self.per_second:
+                self._suppressed += 1
+                return None
+            self._lines += 1
+            suppressed, self._suppressed = self._suppressed, 0
+            return suppressed
+
+
+SLOW_LOG_LIMIT = LineLimit(per_second=20)
 
 
 def release(_: BaseException | None = None) -> None:

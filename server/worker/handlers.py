@@ -20,7 +20,9 @@ Runs in workers and in `publish`'s validation child; imports no TensorFlow itsel
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -79,6 +81,21 @@ def load_handler(version_dir: Path, module_name: str) -> Handler:
     except BaseException as exc:  # SyntaxError, ImportError, anything at module level
         sys.modules.pop(module_name, None)
         raise HandlerError(f"handler.py failed to import: {_describe(exc)}") from None
+    try:
+        return _build(module, version_dir)
+    except HandlerError:
+        sys.modules.pop(module_name, None)  # a version that is not served leaves no module behind
+        raise
+
+
+def handler_module_name(model: str, version: int) -> str:
+    """A module name of its own for each model version: `a-b`, `a.b` and `a_b` never share one."""
+    escaped = re.sub(r"[^A-Za-z0-9]", lambda match: f"_{ord(match[0]):x}_", model)
+    return f"forkserve_handler_{escaped}_v{version}"
+
+
+def _build(module: Any, version_dir: Path) -> Handler:
+    """The Handler of an imported handler.py, set up; HandlerError when it cannot be used."""
     cls = getattr(module, "Handler", None)
     if not isinstance(cls, type):
         raise HandlerError("handler.py defines no class Handler")
@@ -114,20 +131,20 @@ def check_example(handler: Handler, signatures: dict[str, Any], config: Any, run
     from server.http.codecs import jsonio
     from server.http.codecs.tensors import validate_inputs
 
-    body = handler.example
+    body = copy.deepcopy(handler.example)  # NOTE: one object for both steps, as a live request has
     try:
         if handler.preprocess is not None:
             signature = _signature(signatures, handler.signature_name)
-            inputs = model_inputs(handler.preprocess(dict(body)))
+            inputs = model_inputs(handler.preprocess(body))
         else:  # a plain TF Serving body, for a handler with only postprocess
             from server.http.codecs.tfserving import decode_predict
 
-            decoded = decode_predict(dict(body), lambda name: _signature(signatures, name), config)
+            decoded = decode_predict(body, lambda name: _signature(signatures, name), config)
             signature, inputs = signatures[decoded.signature_name], decoded.inputs
         fed, _ = validate_inputs(inputs, signature, config)
         outputs = run(signature.name, fed)
         if handler.postprocess is not None:
-            jsonio.dumps(handler.postprocess(outputs, dict(body)))
+            jsonio.dumps(handler.postprocess(outputs, body))
     except HandlerError:
         raise
     except Exception as exc:

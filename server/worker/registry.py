@@ -7,7 +7,6 @@ TensorFlow at import time: runtime is imported inside `load_all`, in the worker.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from server.worker.handlers import (
     HandlerError,
     check_example,
     has_handler,
+    handler_module_name,
     load_handler,
 )
 
@@ -288,8 +288,7 @@ class ModelRegistry:
                 f"version {entry.version} has a handler.py, but handlers are off for model {entry.name} "
                 f"(set handler = true under [models.{entry.name}] in conf/models.toml); it is not served without it"
             )
-        module = "forkserve_handler_" + re.sub(r"\W", "_", entry.name) + f"_{entry.version}"
-        return load_handler(entry.source.path, module)
+        return load_handler(entry.source.path, handler_module_name(entry.name, entry.version))
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready when loading is over and every model has a version that serves.

@@ -25,5 +25,11 @@ def test_a_slow_request_logs_its_stage_times(model_repo: Path, tmp_path: Path) -
         refused = server.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 3]}, headers={"X-Request-Id": "slow-2"})
         assert refused.status_code == 400
         wait_until(lambda: "slow request slow-2: mlp tfserving_predict version=1 status=400" in server.log(), 10, "the 400's line")
+        late = server.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 20]},
+                           headers={"X-Request-Id": "slow-3", "X-Request-Timeout": "0.000001"})
+        assert late.status_code == 504, late.text
+        line = wait_until(lambda: re.search(r"slow request slow-3: mlp tfserving_predict version=1 status=504 (.*)", server.log()),
+                          10, "the timed-out request's line")[1]
+        assert "queue=" in line, line  # it gave up while queued (or running): that wait is shown, not lumped into other
     finally:
         server.stop()

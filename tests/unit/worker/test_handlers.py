@@ -7,7 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.worker.handlers import HandlerError, has_handler, load_handler, model_inputs
+import sys
+from types import SimpleNamespace
+
+from server.worker.handlers import HandlerError, check_example, handler_module_name, has_handler, load_handler, model_inputs
 
 
 def version(root: Path, name: str, source: str) -> Path:
@@ -55,6 +58,33 @@ def test_an_unusable_handler_says_why(tmp_path: Path, source: str, reason: str) 
     with pytest.raises(HandlerError, match=None) as raised:
         load_handler(version(tmp_path, "1", source), "forkserve_handler_bad")
     assert reason in str(raised.value)
+    assert "forkserve_handler_bad" not in sys.modules  # nothing of a version that is not served stays
+
+
+def test_model_names_that_differ_only_in_punctuation_get_modules_of_their_own() -> None:
+    names = {handler_module_name(model, 1) for model in ("a-b", "a.b", "a_b", "a_2d_b", "ab")}
+    assert len(names) == 5 and all(name.isidentifier() for name in names)
+    assert handler_module_name("a-b", 1) != handler_module_name("a-b", 11)
+
+
+def test_the_example_runs_with_one_body_for_both_steps_as_a_live_request_does(tmp_path: Path) -> None:
+    """A preprocess that consumes a key postprocess needs fails at warm-up, not on every live request."""
+    handler = load_handler(version(tmp_path, "1", '''
+import numpy as np
+class Handler:
+    example = {"id": "abc", "x": [1.0]}
+    def preprocess(self, body):
+        body.pop("id")
+        return {"x": np.array([body["x"]], dtype="float32")}
+    def postprocess(self, outputs, body):
+        return {"id": body["id"]}
+'''), "forkserve_handler_shared_body")
+    signature = SimpleNamespace(name="serving_default", batchable=True, strict_shapes=False,
+                                inputs={"x": SimpleNamespace(name="x", shape=(None, 1), dtype="float32")})
+    config = SimpleNamespace(allow_non_finite=False, max_request_rows=64)
+    with pytest.raises(HandlerError, match="Handler.example failed: KeyError"):
+        check_example(handler, {"serving_default": signature}, config, lambda name, fed: {"y": fed["x"]})
+    assert handler.example == {"id": "abc", "x": [1.0]}  # the declared example itself is left as it was
 
 
 def test_preprocess_results_become_named_arrays_or_a_clear_type_error() -> None:
