@@ -15,19 +15,15 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import os
 import statistics
 import tempfile
 from pathlib import Path
 
 from bench import models
-from bench.common import NoisyNeighbour, arguments, save_table
+from bench.common import NoisyNeighbour, arguments, process_cpu_seconds, save_table
 from bench.load import LoadResult, run_wrk
 from bench.run import request_bodies
 from tests.e2e.harness import Server
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
 
 def parse_env(assignments: list[str]) -> dict[str, str]:
     """["NAME=value", ...] -> a dict (an empty list is the defaults)."""
@@ -36,11 +32,7 @@ def parse_env(assignments: list[str]) -> dict[str, str]:
 
 def worker_cpu_seconds(server: Server) -> float:
     """utime + stime of the server's workers so far."""
-    total = 0
-    for pid in server.worker_pids():
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / TICKS
+    return process_cpu_seconds(server.worker_pids())
 
 
 def cell(server: Server, workload: str, body: bytes, connections: int, seconds: float) -> tuple[LoadResult, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,12 @@ class NoisyNeighbour:
     def __exit__(self, *exc: object) -> None:
         self.process.kill()
         self.process.wait()
+
+
+def process_cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes so far (a server's workers)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import os
 import shutil
 import statistics
 import tempfile
@@ -25,7 +24,7 @@ import numpy as np
 import orjson
 from PIL import Image
 
-from bench.common import arguments, save_table
+from bench.common import arguments, process_cpu_seconds, save_table
 from bench.load import LoadResult, run_wrk
 from tests.e2e.harness import ROOT, Server
 
@@ -48,7 +47,6 @@ version_policy = "all"
 handler = true
 """
 CONNECTIONS = 16
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def repository(root: Path) -> Path:
@@ -82,11 +80,7 @@ CELLS = {  # name: (version, body)
 
 def worker_cpu_seconds(server: Server) -> float:
     """utime + stime of the server's workers so far."""
-    total = 0
-    for pid in server.worker_pids():
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / TICKS
+    return process_cpu_seconds(server.worker_pids())
 
 
 def cell(server: Server, version: int, body: bytes, seconds: float) -> tuple[LoadResult, float]:
