@@ -101,6 +101,7 @@ class Settings:
     access_log: bool  # one gunicorn access-log line per request (costs CPU: see docs/performance.md)
     gc_freeze: bool  # gc.freeze() after loading: full collections skip TensorFlow's heap (docs/performance.md)
     balance_connections: bool  # workers shed keep-alive connections above an even share (server.connection_board)
+    fast_predict: bool  # TF Serving predict without a handler skips Flask's request machinery (server.http.fast_predict)
     slow_request_ms: float  # log the stage times of inference requests slower than this inside the worker (0: never)
     run_dir: Path  # worker state files and the metrics directory; one per instance
     metrics_dir: Path  # prometheus_client multiprocess directory
@@ -133,6 +134,7 @@ class Settings:
             access_log=_env_flag("FORKSERVE_ACCESS_LOG"),
             gc_freeze=_env_flag("FORKSERVE_GC_FREEZE"),
             balance_connections=_env_flag("FORKSERVE_BALANCE_CONNECTIONS"),
+            fast_predict=_env_flag("FORKSERVE_FAST_PREDICT"),
             slow_request_ms=_env_milliseconds("FORKSERVE_SLOW_REQUEST_MS", 1000.0),
             run_dir=run_dir,
             metrics_dir=Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics").resolve(),

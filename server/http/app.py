@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import logging
-import re
-import uuid
 
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from server.config import ServerConfig, load_config
-from server.errors import ApiError, ResourceExhausted
+from server.errors import ApiError
 from server.http import health, instrument, metrics, openapi, tfserving, v2
-from server.http.common import json_response
+from server.http.common import api_error_answer, json_response, request_id_for, unexpected_error_answer
+from server.http.fast_predict import FastPredict
 from server.settings import Settings
 from server.worker.registry import ModelRegistry
 
 log = logging.getLogger("forkserve.app")
-
-REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def create_app(settings: Settings | None = None, config: ServerConfig | None = None) -> Flask:
@@ -47,13 +44,14 @@ def create_app(settings: Settings | None = None, config: ServerConfig | None = N
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
+    if settings.fast_predict:
+        app.wsgi_app = FastPredict(app.wsgi_app, app.extensions["forkserve"], settings)  # type: ignore[method-assign]
     return app
 
 
 def _assign_request_id() -> None:
     """Use the caller's X-Request-Id when it is sane, else make one."""
-    given = request.headers.get("X-Request-Id", "")
-    g.request_id = given if REQUEST_ID_RE.match(given) else uuid.uuid4().hex
+    g.request_id = request_id_for(request.headers.get("X-Request-Id", ""))
 
 
 def _echo_request_id(response: Response) -> Response:
@@ -64,11 +62,9 @@ def _echo_request_id(response: Response) -> Response:
 
 def _api_error(exc: ApiError) -> Response:
     """A known failure: TF Serving's `{"error": ...}` with its status."""
-    if exc.status >= 500:
-        log.warning("request %s failed with %d: %s", g.get("request_id"), exc.status, exc.message)
-    response = json_response({"error": exc.message}, status=exc.status)
-    if isinstance(exc, ResourceExhausted) or exc.status == 503:
-        response.headers["Retry-After"] = "1"
+    status, payload, headers = api_error_answer(exc, g.get("request_id", ""))
+    response = json_response(payload, status=status)
+    response.headers.update(headers)
     return response
 
 
@@ -79,6 +75,5 @@ def _http_error(exc: HTTPException) -> Response:
 
 def _unexpected_error(exc: Exception) -> Response:
     """A bug: log the traceback once with the request id, tell the client only the id."""
-    request_id = g.get("request_id", "")
-    log.exception("request %s: unexpected error", request_id)
-    return json_response({"error": f"internal error (request id {request_id})"}, status=500)
+    status, payload = unexpected_error_answer(g.get("request_id", ""))
+    return json_response(payload, status=status)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from server.errors import InvalidArgument
 from server.http import instrument
 from server.http.codecs import tfserving
-from server.http.common import predict
+from server.http.common import flask_request_timeout, predict
 from server.worker.handlers import model_inputs
 from server.worker.registry import ModelVersion
 
@@ -34,7 +34,7 @@ def predict_with_handler(version: ModelVersion, body: Any) -> Any:
     else:
         decoded = tfserving.decode_predict(body, version.signature, version.config)
         inputs, signature_name, row_format = decoded.inputs, decoded.signature_name, decoded.row_format
-    _, outputs = predict(version, signature_name, inputs, started)
+    _, outputs = predict(version, signature_name, inputs, started, flask_request_timeout(version))
     if handler.postprocess is None:
         return tfserving.encode_predict(outputs, row_format)
     started = time.perf_counter()

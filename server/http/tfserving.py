@@ -10,18 +10,19 @@ import re
 import time
 from typing import Any
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, g, request
 
 from server.errors import ApiError, InvalidArgument, NotFound
 from server.http import instrument
 from server.http.codecs import tfserving
 from server.http.common import (
+    flask_request_timeout,
     infer,
     json_response,
     model_address,
-    predict,
     read_json,
     registry,
+    tfserving_predict,
 )
 from server.http.handled import predict_with_handler
 from server.worker.registry import ModelVersion
@@ -58,7 +59,7 @@ def _parse_path(rest: str) -> tuple[str, int | None, str | None, str]:
 def models(rest: str) -> Response:
     """Dispatch on the path's shape: GET for status and metadata, POST for the verbs."""
     if request.method == "POST":  # counted even when the path is refused below
-        instrument.begin(instrument.UNKNOWN_MODEL, f"tfserving_{_verb_of(rest)}")
+        instrument.begin(instrument.UNKNOWN_MODEL, f"tfserving_{_verb_of(rest)}", g.get("request_id", ""))
     name, version, label, action = _parse_path(rest)
     wants_post = action in VERBS
     if (request.method == "POST") != wants_post:
@@ -85,7 +86,7 @@ def models(rest: str) -> Response:
     if action == "predict" and target.handler is not None:
         return json_response(predict_with_handler(target, body), version=target)
     if action == "predict":
-        return json_response(_predict(target, body), version=target)
+        return json_response(tfserving_predict(target, body, flask_request_timeout(target)), version=target)
     return json_response(_classify_or_regress(target, body, action), version=target)
 
 
@@ -99,14 +100,6 @@ def _metadata(target: ModelVersion) -> dict[str, Any]:
         "model_spec": {"name": target.name, "signature_name": "", "version": str(target.version)},
         "metadata": metadata,
     }
-
-
-def _predict(target: ModelVersion, body: Any) -> dict[str, Any]:
-    """Row or columnar predict through the executor."""
-    started = time.perf_counter()
-    decoded = tfserving.decode_predict(body, target.signature, target.config)
-    _, outputs = predict(target, decoded.signature_name, decoded.inputs, started)
-    return tfserving.encode_predict(outputs, decoded.row_format)
 
 
 def _classify_or_regress(target: ModelVersion, body: Any, method: str) -> dict[str, Any]:
@@ -123,7 +116,7 @@ def _classify_or_regress(target: ModelVersion, body: Any, method: str) -> dict[s
         raise InvalidArgument(f"signature {signature_name!r} does not take serialized tf.Examples")
     rows = len(serialized)
     instrument.stage("decode", time.perf_counter() - started)
-    outputs = infer(target, signature.name, {"inputs": serialized}, rows, signature.batchable)
+    outputs = infer(target, signature.name, {"inputs": serialized}, rows, signature.batchable, flask_request_timeout(target))
     if method == "classify":
         return tfserving.encode_classify(outputs, rows)
     return tfserving.encode_regress(outputs, rows)

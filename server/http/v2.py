@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, g, request
 
 from server.errors import ApiError
 from server.http import instrument
 from server.http.codecs import v2
 from server.http.common import (
     check_content_type,
+    flask_request_timeout,
     json_response,
     model_address,
     predict,
@@ -91,14 +92,14 @@ def model_ready(name: str, version: str | None = None) -> Response:
 @blueprint.post("/v2/models/<name>/versions/<version>/infer")
 def model_infer(name: str, version: str | None = None) -> Response:
     """JSON or binary-extension tensors in, the same out."""
-    instrument.begin(name if name in registry().models else instrument.UNKNOWN_MODEL, "v2_infer")
+    instrument.begin(name if name in registry().models else instrument.UNKNOWN_MODEL, "v2_infer", g.get("request_id", ""))
     target = _target(name, version)
     instrument.set_version(target.version)
     check_content_type(also=BINARY_CONTENT_TYPES)
     started = time.perf_counter()
     header, binary = v2.split_body(request_body(), request.headers.get(v2.HEADER_LENGTH))
     decoded = v2.decode_infer(header, binary, target.signature)
-    signature, outputs = predict(target, decoded.signature_name, decoded.inputs, started)
+    signature, outputs = predict(target, decoded.signature_name, decoded.inputs, started, flask_request_timeout(target))
     started = time.perf_counter()
     body, header_length = v2.encode_infer(decoded, outputs, signature, name, target.version)
     instrument.stage("encode", time.perf_counter() - started)
