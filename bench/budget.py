@@ -10,7 +10,7 @@ request. The difference between a server and its app in-process is what gunicorn
 gthread's poller and thread pool, sockets) and, under load, the threads' contention for the GIL
 cost. Writes budget.md into --out.
 
-py-spy's GIL sampling (bench.profile) is not used for this: on this VM it put 22 % of a worker's
+py-spy's GIL sampling (bench.profile, removed) misled here: on this VM it put 22 % of a worker's
 GIL time in the metrics flusher, which costs 9 us per request measured directly.
 """
 
