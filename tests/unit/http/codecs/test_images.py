@@ -231,3 +231,57 @@ def test_sixteen_bit_grayscale_png_is_scaled_to_eight_bits() -> None:
     Image.fromarray(np.full((8, 8), 32768, np.uint16)).save(buffer, "PNG")
     out = decode_image(buffer.getvalue(), GRAY_8x8, RAW)
     np.testing.assert_allclose(out, 128, atol=1)
+
+
+def _pillow_pixels(data: bytes, mode: str) -> np.ndarray:
+    """The reference: Pillow's decode and conversion, as float32 (H, W, C)."""
+    with Image.open(io.BytesIO(data)) as img:
+        pixels = np.asarray(img.convert(mode), dtype=np.float32)
+    return pixels if pixels.ndim == 3 else pixels[:, :, np.newaxis]
+
+
+NOISE = np.random.default_rng(7).integers(0, 256, (48, 40, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize(("mode", "save_args"), [
+    ("RGB", {"quality": 75}),
+    ("RGB", {"quality": 95, "subsampling": 0}),  # 4:4:4
+    ("RGB", {"quality": 90, "subsampling": 1}),  # 4:2:2
+    ("RGB", {"quality": 85, "progressive": True}),
+    ("L", {"quality": 80}),
+])
+def test_a_jpeg_at_the_input_size_decodes_to_exactly_pillows_pixels(mode: str, save_args: dict) -> None:
+    """The simplejpeg path is taken and gives the very bytes Pillow's decode gives (else it must not be used)."""
+    from server.http.codecs.images import _jpeg_at_input_size
+
+    pixels = NOISE if mode == "RGB" else NOISE[:, :, 0]
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", **save_args)
+    data = buffer.getvalue()
+    info = TensorInfo("image", "float32", (None, 48, 40, 3 if mode == "RGB" else 1))
+    assert _jpeg_at_input_size(data, mode, 40, 48, 10**6) is not None
+    assert np.array_equal(decode_image(data, info, RAW), _pillow_pixels(data, mode))
+
+
+@pytest.mark.parametrize(("source_mode", "model_mode", "size", "max_pixels"), [
+    ("CMYK", "RGB", (40, 48), 10**6),  # Pillow converts CMYK itself
+    ("L", "RGB", (40, 48), 10**6),  # gray to RGB: Pillow's conversion
+    ("RGB", "L", (40, 48), 10**6),  # RGB to L: Pillow's luma weights, not libjpeg's Y channel
+    ("RGB", "RGB", (20, 24), 10**6),  # another size: resized by Pillow
+    ("RGB", "RGB", (40, 48), 100),  # over max_image_pixels: Pillow refuses it with its message
+])
+def test_other_jpegs_are_left_to_pillow(source_mode: str, model_mode: str, size: tuple[int, int], max_pixels: int) -> None:
+    from server.http.codecs.images import _jpeg_at_input_size
+
+    buffer = io.BytesIO()
+    Image.fromarray(NOISE).convert(source_mode).save(buffer, "JPEG")
+    assert _jpeg_at_input_size(buffer.getvalue(), model_mode, *size, max_pixels) is None
+
+
+def test_a_corrupt_jpeg_gets_pillows_error() -> None:
+    from server.http.codecs.images import _jpeg_at_input_size
+
+    data = b"\xff\xd8\xff\xe0" + b"\x00" * 64
+    assert _jpeg_at_input_size(data, "RGB", 12, 10, 10**6) is None
+    with pytest.raises(InvalidArgument, match="cannot decode image for input 'image'"):
+        decode_image(data, RGB_10x12, RAW)
