@@ -163,7 +163,7 @@ def report(costs: dict, servers: dict, args: argparse.Namespace) -> str:
         ("TensorFlow call, batch of 1, on the calling thread", "tf_call"),
         ("executor hand-off (submit, wake the executor, wake the request thread)", "hand_off"),
         ("response encode", "encode"),
-        ("Flask, forkserve's views, instrumentation, metrics", "flask_and_views"),
+        ("request handling: the predict fast path (Flask for other routes), instrumentation, metrics", "flask_and_views"),
     ]
     lines = [f"# CPU per request by stage, microseconds (in-process: one request at a time; servers: 2 workers, "
              f"wrk, median of {args.rounds} rounds of {args.seconds:.0f} s)", "",

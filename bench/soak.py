@@ -1,6 +1,6 @@
-"""Soak: 64 concurrent clients for 60 s; errors and each worker's resident memory over time.
+"""Soak: 64 concurrent clients (or --connections) for 60 s; errors, the slowest request and each worker's memory over time.
 
-    .venv/bin/python -m bench.soak [--seconds 60] [--connections 64]
+    .venv/bin/python -m bench.soak [--seconds 60] [--connections 64] [--workload mlp]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--workload", choices=("mlp", "cnn"), default="mlp")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="forkserve-soak-"))
     models.build(work / "models")
@@ -46,7 +47,8 @@ def main() -> None:
             samples[pid].append(rss_mb(pid))
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        result = run_wrk(f"{server.url}/v1/models/mlp:predict", request_bodies()["mlp"], args.connections, args.seconds, threads=2)
+        result = run_wrk(f"{server.url}/v1/models/{args.workload}:predict", request_bodies()[args.workload], args.connections,
+                         args.seconds, threads=min(2, args.connections))
         done.set()
         sampler.join()
         for pid in samples:
@@ -55,7 +57,7 @@ def main() -> None:
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"| {args.seconds} s, {args.connections} connections (MLP, wrk) | value |")
+    print(f"| {args.seconds} s, {args.connections} connections ({args.workload.upper()}, wrk) | value |")
     print("|---|---|")
     print(f"| requests | {result.requests} ({result.requests_per_second:.0f}/s) |")
     print(f"| errors (non-2xx + socket) | {result.errors} |")
