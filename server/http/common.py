@@ -89,7 +89,10 @@ def request_body() -> bytes:
             if len(data) > limit:
                 raise RequestEntityTooLarge()
             return data
-        return request.get_data(cache=False)
+        data = request.get_data(cache=False)
+        if request.content_length is not None and len(data) < request.content_length:
+            raise ClientDisconnected()  # NOTE: werkzeug returns a short body as it is; it would parse as JSON
+        return data
     except (OSError, ClientDisconnected):  # the receive timeout set above (werkzeug wraps it), or a reset
         raise ApiError("the client stopped sending the request body", status=408) from None
 

@@ -12,10 +12,11 @@ The work is the same functions the Flask view calls (server.http.common).
 
 from __future__ import annotations
 
-import http
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from werkzeug.http import HTTP_STATUS_CODES
 
 from server.errors import ApiError
 from server.http import instrument
@@ -35,7 +36,7 @@ from server.worker.registry import ModelRegistry, ModelVersion
 
 PREDICT_PATH_RE = re.compile(r"^/v1/models/([^/:]+)(?:/versions/([1-9][0-9]{0,17}))?:predict$")
 API = "tfserving_predict"
-REASONS = {status.value: f"{status.value} {status.phrase}" for status in http.HTTPStatus}
+REASONS = {code: f"{code} {phrase.upper()}" for code, phrase in HTTP_STATUS_CODES.items()}  # werkzeug's status lines
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -50,7 +51,10 @@ class FastPredict:
         self.client_timeout = settings.client_timeout
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        target = self._target(environ)
+        try:
+            target = self._target(environ)
+        except Exception:  # NOTE: a surprise here must not become gunicorn's HTML 500: Flask answers instead
+            target = None
         if target is None:
             return self.app(environ, start_response)
         return self._answer(target, environ, start_response)

@@ -41,6 +41,7 @@ _CURRENT: contextvars.ContextVar[Inference | None] = contextvars.ContextVar("for
 
 def begin(model: str, api: str, request_id: str = "") -> None:
     """Start measuring an inference request of `api` ("predict", "classify", ...) for `model`."""
+    release()  # NOTE: the variable outlives a request on this thread; a stale one must not count twice
     _CURRENT.set(Inference(model, api, request_id))
     BUFFER.add(metrics.INFLIGHT_REQUESTS, (model,), 1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import re
+import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -112,3 +113,19 @@ def test_both_paths_count_the_same_requests(servers: dict[str, Server]) -> None:
             answer(server, case)
     assert counted(servers["fast"]) == counted(servers["flask"])
     assert any('api="tfserving_predict"' in line and 'code="200"' in line for line in counted(servers["fast"]))
+
+
+def test_a_body_shorter_than_its_content_length_is_a_408_on_both_paths(servers: dict[str, Server]) -> None:
+    """The client declares more than it sends, then stops: even a complete JSON document is not answered as one."""
+    body = b'{"instances": [' + str(ROW).encode() + b"]}"
+    statuses = {}
+    for name, server in servers.items():
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body) + 50}\r\n\r\n".encode() + body)
+            sock.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        statuses[name] = answer.split(b"\r\n", 1)[0]
+    assert statuses == {"fast": b"HTTP/1.1 408 REQUEST TIMEOUT", "flask": b"HTTP/1.1 408 REQUEST TIMEOUT"}

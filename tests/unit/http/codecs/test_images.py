@@ -249,6 +249,7 @@ NOISE = np.random.default_rng(7).integers(0, 256, (48, 40, 3), dtype=np.uint8)
     ("RGB", {"quality": 90, "subsampling": 1}),  # 4:2:2
     ("RGB", {"quality": 85, "progressive": True}),
     ("L", {"quality": 80}),
+    ("RGB", {"quality": 70, "optimize": True}),
 ])
 def test_a_jpeg_at_the_input_size_decodes_to_exactly_pillows_pixels(mode: str, save_args: dict) -> None:
     """The simplejpeg path is taken and gives the very bytes Pillow's decode gives (else it must not be used)."""
@@ -261,6 +262,16 @@ def test_a_jpeg_at_the_input_size_decodes_to_exactly_pillows_pixels(mode: str, s
     info = TensorInfo("image", "float32", (None, 48, 40, 3 if mode == "RGB" else 1))
     assert _jpeg_at_input_size(data, mode, 40, 48, 10**6) is not None
     assert np.array_equal(decode_image(data, info, RAW), _pillow_pixels(data, mode))
+
+
+@pytest.mark.parametrize(("height", "width"), [(47, 41), (17, 33), (1, 1), (224, 224)])
+def test_odd_sizes_decode_to_pillows_pixels_too(height: int, width: int) -> None:
+    """Edge blocks and upsampling at odd sizes: where two libjpeg-turbo builds would drift apart first."""
+    pixels = np.random.default_rng(height * width).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=85)
+    info = TensorInfo("image", "float32", (None, height, width, 3))
+    assert np.array_equal(decode_image(buffer.getvalue(), info, RAW), _pillow_pixels(buffer.getvalue(), "RGB"))
 
 
 @pytest.mark.parametrize(("source_mode", "model_mode", "size", "max_pixels"), [
