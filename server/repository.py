@@ -64,16 +64,67 @@ def _model_files(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and _format_of_file(p))
 
 
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+EXPECTED = "expected saved_model.pb, *.keras, *.h5 or *.hdf5 directly in the version directory"
+
+
 def detect_format(path: Path) -> tuple[str, str]:
-    """(format, problem) for a version directory."""
-    if (path / "saved_model.pb").is_file() or (path / "saved_model.pbtxt").is_file():
+    """(format, problem) for a version directory; an unreadable one is a problem, never an exception."""
+    try:
+        saved_model = any((path / name).is_file() for name in SAVED_MODEL_FILES)
+        candidates = _model_files(path)
+    except OSError as exc:  # NOTE: Path.is_file raises EACCES inside a directory we may not search
+        return "", f"cannot read the version directory: {exc.strerror or exc}"
+    if saved_model and candidates:
+        return "", (f"ambiguous: a SavedModel (saved_model.pb) and {', '.join(p.name for p in candidates)}; "
+                    "keep one model per version directory")
+    if saved_model:
         return "savedmodel", ""
-    candidates = _model_files(path)
     if len(candidates) == 1:
         return _format_of_file(candidates[0]), ""
-    if not candidates:
-        return "", "no model file (expected saved_model.pb, *.keras, *.h5 or *.hdf5)"
-    return "", f"several model files: {sorted(p.name for p in candidates)}"
+    if candidates:
+        return "", f"several model files: {sorted(p.name for p in candidates)}"
+    nested = _nested_model(path)
+    hint = f"; found {nested} one level down: move the content of {nested.split('/')[0]}/ up into {path.name}/" if nested else ""
+    return "", f"no model file ({EXPECTED}){hint}"
+
+
+def _nested_model(path: Path) -> str:
+    """A model file in a subdirectory of `path` (`export/saved_model.pb`), or ""."""
+    try:
+        for sub in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            found = [p.name for p in sorted(sub.iterdir()) if p.is_file() and (p.name in SAVED_MODEL_FILES or _format_of_file(p))]
+            if found:
+                return f"{sub.name}/{found[0]}"
+    except OSError:
+        pass
+    return ""
+
+
+def stray_entries(model_dir: Path) -> dict[str, str]:
+    """Entries of a model directory that are not versions and look meant to be, with what was expected.
+
+    Hidden entries (publish's staging and lock) and other plain files (a README) are not listed.
+    """
+    try:
+        entries = sorted(model_dir.iterdir())
+    except OSError:
+        return {}
+    stray = {}
+    for entry in entries:
+        if entry.name.startswith(".") or parse_version(entry.name) is not None:
+            continue
+        try:
+            is_dir, is_model_file = entry.is_dir(), entry.is_file() and bool(_format_of_file(entry))
+        except OSError:
+            continue
+        digits = re.sub(r"\D", "", entry.name)
+        if is_dir:
+            guess = f" (did you mean {model_dir.name}/{int(digits)}?)" if digits and int(digits) >= 1 else ""
+            stray[entry.name] = f"ignored: version directories are named by a positive integer{guess}"
+        elif is_model_file:
+            stray[entry.name] = f"ignored: a model file goes in a version directory ({model_dir.name}/1/{entry.name})"
+    return stray
 
 
 def scan_model(root: Path, name: str) -> list[VersionSource]:
@@ -86,7 +137,10 @@ def scan_model(root: Path, name: str) -> list[VersionSource]:
         return []
     for entry in entries:
         version = parse_version(entry.name)
-        if version is None or not entry.is_dir():
+        try:
+            if version is None or not entry.is_dir():
+                continue
+        except OSError:
             continue
         fmt, problem = detect_format(entry)
         versions.append(VersionSource(name, version, entry, fmt, problem))
@@ -99,11 +153,15 @@ def scan(root: Path) -> dict[str, list[VersionSource]]:
         entries = sorted(root.iterdir())
     except OSError:
         return {}
-    return {
-        entry.name: scan_model(root, entry.name)
-        for entry in entries
-        if entry.is_dir() and is_model_name(entry.name)
-    }
+    return {entry.name: scan_model(root, entry.name) for entry in entries if is_model_name(entry.name) and _is_dir(entry)}
+
+
+def _is_dir(path: Path) -> bool:
+    """Path.is_dir, False for a path we may not look at."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def select_versions(available: list[VersionSource], config: ModelConfig) -> tuple[list[VersionSource], int]:

@@ -112,6 +112,7 @@ class Settings:
     rollout_attempts: int  # tries of a rollout whose new worker died or timed out, and deaths that fail a version
     rollout_backoff: float  # seconds before the second try; doubled for each later one
     client_timeout: float  # seconds a client may stay silent in the middle of a request (body or headers)
+    strict_readiness: bool = False  # ready only when every model of the repository serves (FORKSERVE_STRICT_READINESS)
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -145,6 +146,7 @@ class Settings:
             rollout_attempts=_env_int("FORKSERVE_ROLLOUT_ATTEMPTS", 3) or 1,
             rollout_backoff=_env_seconds("FORKSERVE_ROLLOUT_BACKOFF", 5.0),
             client_timeout=_env_seconds("FORKSERVE_CLIENT_TIMEOUT", 15.0),
+            strict_readiness=_env_flag("FORKSERVE_STRICT_READINESS", "0"),
         )
 
     @classmethod

@@ -29,7 +29,8 @@ def create_app(settings: Settings | None = None, config: ServerConfig | None = N
     app = Flask("forkserve")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["forkserve"] = ModelRegistry(
-        settings.models_dir, settings.run_dir, config if config is not None else (lambda: load_config(settings.conf_path))
+        settings.models_dir, settings.run_dir, config if config is not None else (lambda: load_config(settings.conf_path)),
+        strict_readiness=settings.strict_readiness,
     )
     app.extensions["forkserve.settings"] = settings
     app.register_blueprint(health.blueprint)

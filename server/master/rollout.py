@@ -39,12 +39,13 @@ from server.master.config_watch import ConfigWatch
 from server.master.fleet import Fleet
 from server.master.scanner import SettledScanner
 from server.master.strikes import Strikes, VersionKey
-from server.repository import VersionSource
+from server.repository import VersionSource, stray_entries
 from server.state import WorkerState, read_worker_states
 from server.target import (
     FailedVersion,
     Target,
     compute_target,
+    config_key,
     read_failed,
     write_failed,
     write_target,
@@ -60,6 +61,7 @@ os.register_at_fork(before=_metric_writes.acquire, after_in_parent=_metric_write
                     after_in_child=_metric_writes.release)
 
 SUCCEEDED, VERSIONS_FAILED, WORKER_LOST = "succeeded", "versions failed", "worker lost"
+SETTLE_WAIT_POLLS = 10  # a rollout waits this many polls at most for directories still being copied
 
 
 def record_metric(update: Callable[[Any], object]) -> None:
@@ -121,7 +123,10 @@ class RolloutController:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._given_up = ""  # generation a rollout gave up on: not retried until something changes
-        self._published_problem = self.config.problem
+        self._published_reports: tuple[object, dict[str, str]] = (self.config.problem, {})
+        self._told: set[tuple[str, ...]] = set()  # repository and settings problems logged once each
+        self._waiting_for: str = ""  # the generation a rollout waits to fold with directories still settling
+        self.unservable: dict[str, str] = {}  # models left out of the target, with why (the last _desired)
         self.current = self._desired("start", trust_all=True)
         self._thread = threading.Thread(target=self._loop, name="forkserve-rollout", daemon=True)
 
@@ -176,12 +181,31 @@ class RolloutController:
         self._count_deaths({})
         desired = self._desired("reload" if forced else "repository or configuration changed")
         if not forced and desired.generation == self.current.generation and not self._stragglers():
-            if self.config.problem != self._published_problem:
-                self._publish(self.current)  # workers show the problem in /readyz
+            if (self.config.problem, self.unservable) != self._published_reports:
+                self._publish(self.current)  # workers show the problems in /readyz and model status
             return
         if not forced and desired.generation == self._given_up:
             return
+        if not forced and self._settling(desired):
+            return
         self._roll(desired, everyone=forced)
+
+    def _settling(self, desired: Target) -> bool:
+        """Hold a rollout while a version directory is still being copied, so both go out in one rollout.
+
+        NOTE: a new model's configuration and its first version usually arrive together; the
+        configuration settles a poll or more before a large copy does, and rolling it out alone
+        would replace every worker twice. Bounded: a copy that outlasts SETTLE_WAIT_POLLS rolls apart.
+        """
+        waited = self.scanner.unsettled_for()
+        if not 0 < waited < SETTLE_WAIT_POLLS * self.knobs.poll_interval:
+            self._waiting_for = ""
+            return False
+        if self._waiting_for != desired.generation:
+            self._waiting_for = desired.generation
+            log.info("forkserve: rollout to %s waits for version directories still being copied (up to %.0fs)",
+                     desired.generation, SETTLE_WAIT_POLLS * self.knobs.poll_interval)
+        return True
 
     def _stragglers(self) -> list[int]:
         """Live loaded workers on a generation that is neither the current one nor one given up on.
@@ -194,20 +218,53 @@ class RolloutController:
                 if pid in live and state.loaded and state.generation not in ("", self.current.generation, self._given_up)]
 
     def _desired(self, reason: str, trust_all: bool = False) -> Target:
-        """What the policies select now from settled, not failed versions, with the accepted configuration."""
+        """What the policies select now from settled, not failed versions, with the accepted configuration.
+
+        A model with nothing usable is left out of the target (server.target) and reported with why.
+        """
         config = self.config.refresh()
         self.settled = self.scanner.scan(trust_all)
+        self._tell_about_the_repository(config)
         failed = read_failed(self.run_dir)
-        usable = {
-            name: [s for s in sources if not self._is_failed(s, failed)]
-            for name, sources in self.settled.items()
-        }
-        return compute_target(usable, config, reason)
+        usable, why_empty = {}, {}
+        for name, sources in self.settled.items():
+            usable[name] = [s for s in sources if not self._is_failed(s, failed, config)]
+            if not sources:
+                stray = stray_entries(self.scanner.models_dir / name)
+                why_empty[name] = "no version directory" + (
+                    f" ({'; '.join(f'{entry}: {why}' for entry, why in stray.items())})" if stray else "")
+            elif not usable[name]:
+                why_empty[name] = "every version failed: " + "; ".join(
+                    f"version {s.version}: {failed[name][s.version].reason}" for s in sources)
+        target = compute_target(usable, config, reason, why_empty=why_empty)
+        self.unservable = target.unservable
+        return target
 
-    def _is_failed(self, source: VersionSource, failed: dict[str, dict[int, FailedVersion]]) -> bool:
-        """Marked failed with the content the directory still has."""
+    def _is_failed(self, source: VersionSource, failed: dict[str, dict[int, FailedVersion]], config: ServerConfig) -> bool:
+        """Marked failed with the content the directory still has and the settings the model still has."""
         entry = failed.get(source.model, {}).get(source.version)
-        return entry is not None and entry.content in ("", self.scanner.content_key(source.path))
+        if entry is None or entry.config not in ("", config_key(config.for_model(source.model))):
+            return False
+        return entry.content in ("", self.scanner.content_digest(source.path))
+
+    def _tell_about_the_repository(self, config: ServerConfig) -> None:
+        """Log once each: entries a model directory ignores, versions that cannot load, settings for no model."""
+        for name, sources in self.settled.items():
+            for entry, why in stray_entries(self.scanner.models_dir / name).items():
+                self._tell_once(("stray", name, entry, why), "forkserve: model %s: %s %s", name, entry, why)
+            for source in sources:
+                if source.problem:
+                    self._tell_once(("problem", str(source.path), source.problem),
+                                    "forkserve: model %s version %s cannot be loaded: %s", name, source.version, source.problem)
+        for name in sorted(set(config.models) - set(self.settled)):
+            self._tell_once(("settings", name, self.config.path.name),
+                            "forkserve: %s has settings for model %s, but the repository has no model %s "
+                            "(renamed or removed?); they apply to nothing", self.config.path, name, name)
+
+    def _tell_once(self, key: tuple[str, ...], message: str, *args: object) -> None:
+        if key not in self._told:
+            self._told.add(key)
+            log.warning(message, *args)
 
     def _settled_version_changed(self, source: VersionSource, what: str) -> bool:
         """The scanner saw a settled version's files change: a failed one is retried once settled; others are reported."""
@@ -224,9 +281,10 @@ class RolloutController:
         return False
 
     def _publish(self, target: Target) -> None:
-        """Write the target with the configuration problem of the moment."""
-        self._published_problem = self.config.problem
-        write_target(self.run_dir, dataclasses.replace(target, config_problem=self.config.problem))
+        """Write the target with the configuration problem and the unservable models of the moment."""
+        self._published_reports = (self.config.problem, self.unservable)
+        write_target(self.run_dir, dataclasses.replace(target, config_problem=self.config.problem,
+                                                       unservable=self.unservable))
 
     # --- one rollout ---
 
@@ -422,19 +480,30 @@ class RolloutController:
         served = self._served_versions()
         for version in served:
             self.strikes.clear(version)
-        failed = read_failed(self.run_dir)
+        failed = self._forget_recovered(served)
         sources = {(s.model, s.version): s for versions in self.settled.values() for s in versions}
         blamed: dict[VersionKey, str] = {}
         for pid, gone in sorted(exits.items()):
             if gone.loading is None or gone.reason == "graceful" or gone.loading in served:
                 continue
             source = sources.get(gone.loading)
-            if gone.loading[1] in failed.get(gone.loading[0], {}) and (source is None or self._is_failed(source, failed)):
+            if gone.loading[1] in failed.get(gone.loading[0], {}) and (source is None or self._is_failed(source, failed, self.config.accepted)):
                 continue  # marked already (with these files): a worker still loading it when it was marked
             if self.strikes.add(gone.loading, details.get(pid, f"worker {pid} {gone.reason}")):
                 blamed[gone.loading] = self.strikes.verdict(gone.loading)
         self._mark_failed(blamed)
         return set(blamed)
+
+    def _forget_recovered(self, served: set[VersionKey]) -> dict[str, dict[int, FailedVersion]]:
+        """Drop failed marks of versions a live worker serves now (tried again after a change): the failed versions left."""
+        failed = read_failed(self.run_dir)
+        recovered = [(m, v) for m, versions in failed.items() for v in versions if (m, v) in served]
+        if recovered:
+            for model, version in recovered:
+                del failed[model][version]
+                log.info("forkserve: model %s version %s, once failed, is served now", model, version)
+            write_failed(self.run_dir, failed)
+        return failed
 
     def _served_versions(self) -> set[VersionKey]:
         """Versions some live, loaded worker serves."""
@@ -451,9 +520,12 @@ class RolloutController:
             return
         failed = read_failed(self.run_dir)
         paths = {(s.model, s.version): s.path for sources in self.settled.values() for s in sources}
+        config = self.config.accepted
         for (model, version), reason in sorted(reasons.items()):
-            content = self.scanner.content_key(paths[(model, version)]) if (model, version) in paths else ""
-            failed.setdefault(model, {})[version] = FailedVersion(reason, content)
+            content = self.scanner.content_digest(paths[(model, version)]) if (model, version) in paths else ""
+            reason = (f"{reason} (tried again when the files of {model}/{version} or the settings of model "
+                      f"{model} in {self.config.path.name} change)")
+            failed.setdefault(model, {})[version] = FailedVersion(reason, content, config_key(config.for_model(model)))
             self.strikes.clear((model, version))
             log.error("forkserve: model %s version %s marked failed: %s", model, version, reason)
             record_metric(lambda m, k=(model, str(version)): m.ROLLOUT_FAILED_VERSIONS.labels(*k).inc())

@@ -4,13 +4,15 @@ Runs in the master's rollout thread. A new version directory counts once its fil
 sizes, mtimes) did not change between two polls. Once settled, a directory stays settled:
 `touch` or an rsync of identical content must not take a served version out of service. A
 settled directory whose files really change (names or sizes) is reported, not reloaded:
-versions are immutable, and workers keep the copy they loaded.
+versions are immutable, and workers keep the copy they loaded. The digest of a directory's
+bytes (content_digest) tells a failed version whose files were replaced from one merely touched.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -60,6 +62,8 @@ class SettledScanner:
         self._report_change = report_change
         self._seen: dict[Path, DirectoryFiles] = {}  # every version directory at the last poll
         self._settled: dict[Path, DirectoryFiles] = {}  # settled directories, as they were when reported
+        self._unsettled_since: dict[Path, float] = {}  # directories seen but not settled: since when (monotonic)
+        self._digests: dict[Path, tuple[DirectoryFiles, str]] = {}  # content_digest() per directory, by its view
 
     def scan(self, trust_all: bool = False) -> dict[str, list[VersionSource]]:
         """Settled versions per model, newest first; `trust_all` (first start) takes every directory as settled.
@@ -79,8 +83,17 @@ class SettledScanner:
             if kept or not sources:
                 settled[name] = kept
         self._settled = {path: files for path, files in self._settled.items() if path in seen}
+        self._digests = {path: digest for path, digest in self._digests.items() if path in seen}
+        now = time.monotonic()
+        self._unsettled_since = {path: self._unsettled_since.get(path, now) for path in seen if path not in self._settled}
         self._seen = seen
         return settled
+
+    def unsettled_for(self) -> float:
+        """Seconds the oldest directory still changing has been seen (0 when every directory settled)."""
+        if not self._unsettled_since:
+            return 0.0
+        return time.monotonic() - min(self._unsettled_since.values())
 
     def _keep(self, source: VersionSource, files: DirectoryFiles, trust_all: bool) -> bool:
         """Whether the directory counts as settled now (and note what changed in a settled one)."""
@@ -101,6 +114,34 @@ class SettledScanner:
         """The content key of a version directory at the last poll ("" if it was not seen)."""
         files = self._seen.get(path)
         return files.key if files is not None else ""
+
+    def content_digest(self, path: Path) -> str:
+        """A digest of the bytes of a version directory's files at the last poll ("" if it was not seen).
+
+        NOTE: reads every byte, so it is asked only about failed versions, and computed again only
+        when the directory's names, sizes or mtimes changed: `touch` costs one read, a poll none.
+        """
+        files = self._seen.get(path)
+        if files is None:
+            return ""
+        cached = self._digests.get(path)
+        if cached is None or cached[0] != files:
+            cached = self._digests[path] = (files, digest_files(path, files))
+        return cached[1]
+
+
+def digest_files(path: Path, files: DirectoryFiles) -> str:
+    """sha256 over each file's name, size and bytes ("" for a file that vanished meanwhile, so the digest changes)."""
+    digest = hashlib.sha256()
+    for name, size in files.content:
+        digest.update(f"{name}\0{size}\0".encode())
+        try:
+            with open(path / name, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+        except OSError as exc:
+            digest.update(f"unreadable: {exc.errno}".encode())
+    return digest.hexdigest()[:16]
 
 
 def _difference(before: DirectoryFiles, after: DirectoryFiles) -> str:

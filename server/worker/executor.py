@@ -80,18 +80,11 @@ class ModelExecutor:
         self._jobs: collections.deque[Job] = collections.deque()
         self._queued_rows = 0
         self._cond = threading.Condition()
-        self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=f"executor-{name}", daemon=True)
 
     def start(self) -> None:
         """Start the executor thread (after warm-up, in the worker)."""
         self._thread.start()
-
-    def stop(self) -> None:
-        """Let the thread finish what is queued and exit."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
 
     @property
     def queued_rows(self) -> int:
@@ -102,8 +95,6 @@ class ModelExecutor:
         """Queue one request; raise ResourceExhausted at once when the queue is full."""
         job = Job(signature, inputs, rows, batchable)
         with self._cond:
-            if self._stopping:
-                raise ApiError(f"model {self.name} is shutting down", status=503)
             if self._queued_rows and self._queued_rows + rows > self.max_queue_rows:
                 metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(self.model, "queue_full").inc())
                 raise ResourceExhausted(
@@ -132,13 +123,11 @@ class ModelExecutor:
         BUFFER.add(metrics.QUEUE_ROWS, (self.model,), -job.rows)
         return True
 
-    def _take(self) -> list[Job] | None:
+    def _take(self) -> list[Job]:
         """Block for the next job, then gather compatible queued jobs up to max_batch_size rows."""
         with self._cond:
             while True:
                 while not self._jobs:
-                    if self._stopping:
-                        return None
                     self._cond.wait()
                 first = self._jobs.popleft()
                 if not first.future.done():
@@ -156,7 +145,7 @@ class ModelExecutor:
                         rows += candidate.rows
                         continue
                     remaining = deadline - time.monotonic()
-                    if remaining <= 0 or self._stopping:
+                    if remaining <= 0:
                         break
                     self._cond.wait(remaining)
             taken = sum(job.rows for job in batch)
@@ -175,11 +164,9 @@ class ModelExecutor:
         return None
 
     def _loop(self) -> None:
-        """Executor thread body: run batches until stopped; a bug fails its batch, not the thread."""
+        """Executor thread body: run batches for the worker's life; a bug fails its batch, not the thread."""
         while True:
             batch = self._take()
-            if batch is None:
-                return
             try:
                 self._run_live(batch)
             except Exception as exc:  # NOTE: a dead executor would time out every later request

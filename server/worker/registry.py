@@ -18,6 +18,7 @@ from server.repository import VersionSource, scan, select_versions
 from server.signature import SignatureInfo
 from server.target import (
     ConfigProblem,
+    Target,
     describe_problem,
     failed_reason,
     read_failed,
@@ -88,6 +89,7 @@ class Model:
     config: ModelConfig
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     failed: Callable[[int], str | None] = lambda version: None  # why the master marked a version failed
+    unservable: str = ""  # why the master left this model out of the target (a model this worker never loaded)
 
     def available(self) -> list[ModelVersion]:
         """Versions that serve, newest first."""
@@ -123,7 +125,7 @@ class Model:
         failed = [f"version {v.version}: {v.error}" for v in self.versions.values() if v.error]
         if failed:
             return Unavailable(f"model {self.name} has no version that loaded ({'; '.join(failed)})")
-        return NotFound(f"Servable not found for request: Latest({self.name})")
+        return NotFound(f"Servable not found for request: Latest({self.name})" + (f": {self.unservable}" if self.unservable else ""))
 
 
 class ModelRegistry:
@@ -131,9 +133,11 @@ class ModelRegistry:
 
     def __init__(
         self, models_dir: Path, run_dir: Path | None = None, config: ServerConfig | Callable[[], ServerConfig] | None = None,
+        strict_readiness: bool = False,
     ) -> None:
         self.models_dir = models_dir
         self.run_dir = run_dir
+        self.strict_readiness = strict_readiness  # ready only when every model serves (FORKSERVE_STRICT_READINESS)
         self._fallback_config = config  # used only when no master published a target
         self.config = ServerConfig()
         self.models: dict[str, Model] = {}
@@ -142,10 +146,28 @@ class ModelRegistry:
         self.problem = ""  # why nothing could be loaded (a broken configuration without a master)
 
     def get(self, name: str) -> Model:
-        """A model by name, or TF Serving's NotFound."""
-        model = self.models.get(name)
+        """A model by name (one the master reports unservable too), or TF Serving's NotFound."""
+        model = self.models.get(name) or self._unservable_model(name, read_target(self.run_dir) if self.run_dir else None)
         if model is None:
             raise NotFound(f"Servable not found for request: Latest({name})")
+        return model
+
+    def _unservable_model(self, name: str, target: Target | None) -> Model | None:
+        """A model the master left out of the target, as a model whose versions all ended: None if it did not.
+
+        NOTE: built per call from the master's reports, so a version that failed in a rollout
+        answers END with its reason on every API, as the same failure at this worker's boot does.
+        """
+        if self.run_dir is None:
+            return None
+        reason = target.unservable.get(name, "") if target is not None else ""
+        failed = read_failed(self.run_dir).get(name, {})
+        if not reason and not failed:
+            return None
+        model = Model(name, self.config.for_model(name), unservable=reason)
+        for version, entry in sorted(failed.items(), reverse=True):
+            source = VersionSource(name, version, self.models_dir / name / str(version), "", entry.reason)
+            model.versions[version] = ModelVersion(source, model.config, state=END, error=entry.reason)
         return model
 
     def plan(self) -> list[tuple[Model, list[VersionSource], int]]:
@@ -192,6 +214,8 @@ class ModelRegistry:
                         "state": END,
                         "status": {"error_code": "UNKNOWN", "error_message": failed.reason},
                     }
+        if not entries and model.unservable:
+            raise NotFound(f"Servable not found for request: Latest({name}): {model.unservable}")
         return [entries[v] for v in sorted(entries, reverse=True)]
 
     def load_all(
@@ -291,29 +315,38 @@ class ModelRegistry:
         return load_handler(entry.source.path, handler_module_name(entry.name, entry.version))
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when loading is over and every model has a version that serves.
+        """Ready when loading is over and some model serves (or the repository holds none); strict: every model serves.
 
         Each model's entry names its failed versions and, while conf/models.toml is broken, the
         configuration problem that affects it (the worker keeps serving with the last good one).
+        Models the master left out (every version failed, no version directory) are listed with
+        their reason; they make the worker unready only under strict readiness.
         """
-        report: dict[str, Any] = {}
-        ready = self.loaded and not self.problem
+        target = read_target(self.run_dir) if self.run_dir is not None else None
         failed_here = read_failed(self.run_dir) if self.run_dir is not None else {}
-        problem = self._config_problem()
-        for name, model in sorted(self.models.items()):
+        problem = self._config_problem(target)
+        unservable = target.unservable if target is not None else {}
+        report: dict[str, Any] = {}
+        for name in sorted(set(self.models) | set(unservable)):
+            model = self.models.get(name) or self._unservable_model(name, target)
+            if model is None:
+                continue
+            serving = [v.version for v in model.available()]
             states = {str(v.version): v.state for v in model.versions.values()}
             failed = {str(v.version): v.error for v in model.versions.values() if v.error}
-            failed.update({str(v): f.reason for v, f in failed_here.get(name, {}).items()})
-            serving = [v.version for v in model.available()]
+            failed.update({str(v): f.reason for v, f in failed_here.get(name, {}).items() if v not in serving})
             report[name] = {"serving": serving, "states": states, **({"failed": failed} if failed else {}),
+                            **({"reason": model.unservable} if model.unservable else {}),
                             **describe_problem(problem, name)}
-            if not serving:
-                ready = False
-        return ready, report
+        served = [name for name, entry in report.items() if entry["serving"]]
+        if self.strict_readiness:
+            enough = len(served) == len(report)
+        else:
+            enough = bool(served) or not report
+        return self.loaded and not self.problem and enough, report
 
-    def _config_problem(self) -> ConfigProblem | None:
+    def _config_problem(self, target: Target | None) -> ConfigProblem | None:
         """What the master says is wrong with conf/models.toml now (None when it is fine)."""
         if self.problem:
             return ConfigProblem(self.problem)
-        target = read_target(self.run_dir) if self.run_dir is not None else None
         return target.config_problem if target is not None else None

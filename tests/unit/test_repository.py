@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ from server.repository import (
     scan,
     scan_model,
     select_versions,
+    stray_entries,
 )
 
 
@@ -71,7 +77,6 @@ def test_parse_version_ignores_a_trailing_newline() -> None:
         (["x.hdf5"], "h5"),
         (["X.H5"], "h5"),
         (["model.keras", "README.md", ".model.h5"], "keras"),  # other and hidden files are ignored
-        (["saved_model.pb", "model.keras"], "savedmodel"),  # a SavedModel directory wins
     ],
 )
 def test_detect_format_finds_the_single_model_file(tmp_path: Path, files: list[str], expected: str) -> None:
@@ -84,6 +89,56 @@ def test_detect_format_reports_a_directory_without_model_file(tmp_path: Path) ->
     fmt, problem = detect_format(directory)
     assert fmt == ""
     assert "no model file" in problem
+
+
+@pytest.mark.parametrize("files", [["saved_model.pb", "model.keras"], ["saved_model.pbtxt", "variables/", "old.h5"]])
+def test_detect_format_refuses_a_saved_model_beside_a_keras_file(tmp_path: Path, files: list[str]) -> None:
+    directory = make_version(tmp_path, "m", "1", *files)
+    fmt, problem = detect_format(directory)
+    assert fmt == "" and problem.startswith("ambiguous: a SavedModel") and "keep one model" in problem
+
+
+def test_detect_format_points_at_a_model_one_directory_down(tmp_path: Path) -> None:
+    directory = make_version(tmp_path, "m", "1", "export/", "export/saved_model.pb", "export/variables/")
+    fmt, problem = detect_format(directory)
+    assert fmt == "" and "no model file" in problem
+    assert "found export/saved_model.pb one level down: move the content of export/ up into 1/" in problem
+
+
+def test_stray_entries_name_what_was_expected(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", "1", "model.keras")
+    for name in ("v2", "latest", ".publish-x", "_tmp"):
+        (tmp_path / "m" / name).mkdir()
+    for name in ("model.keras", "README.md", ".publish.lock"):
+        (tmp_path / "m" / name).write_text("x")
+    stray = stray_entries(tmp_path / "m")
+    assert sorted(stray) == ["_tmp", "latest", "model.keras", "v2"]  # hidden entries and a README are not stray
+    assert stray["v2"].endswith("(did you mean m/2?)")
+    assert "positive integer" in stray["latest"] and "did you mean" not in stray["latest"]
+    assert stray["model.keras"] == "ignored: a model file goes in a version directory (m/1/model.keras)"
+
+
+def test_an_unreadable_version_directory_is_a_problem_not_an_exception(tmp_path: Path) -> None:
+    """As a user who may not read a 0700 version (root reads everything, so the check runs as nobody)."""
+    shared = Path(tempfile.mkdtemp(prefix="forkserve-perm-", dir="/tmp"))
+    try:
+        shared.chmod(0o755)
+        version = make_version(shared, "m", "1", "model.keras")
+        (shared / "m").chmod(0o755)
+        version.chmod(0o700)
+        script = ("import json, pathlib; from server.repository import detect_format, scan; "
+                  f"print(json.dumps([detect_format(pathlib.Path({str(version)!r})), "
+                  f"[[s.version, s.problem] for s in scan(pathlib.Path({str(shared)!r}))['m']]]))")
+        result = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", script],
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        (fmt, problem), scanned = json.loads(result.stdout)
+        assert fmt == "" and problem == "cannot read the version directory: Permission denied"
+        assert scanned == [[1, problem]]
+    finally:
+        shutil.rmtree(shared)
 
 
 @pytest.mark.parametrize("files", [["a.h5", "b.h5"], ["model.keras", "model.h5"], ["a.keras", "b.hdf5"]])

@@ -287,3 +287,89 @@ def test_a_failed_version_copied_again_that_kills_workers_gets_strikes(fx: Fixtu
     assert "workers died loading it" in read_failed(fx.run_dir)["b"][5].reason
     fx.controller.poll()
     assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
+
+
+def test_a_new_model_whose_only_version_fails_is_left_out_and_reported_without_replacing_the_workers(fx: Fixture) -> None:
+    fx.arbiter.boot = failing({("c", 1)})
+    add_version(fx.models, "c", 1)
+    fx.settle()  # the rollout of c/1 is aborted: c/1 failed
+    assert "is broken" in read_failed(fx.run_dir)["c"][1].reason
+    after_abort = set(fx.loaded())
+    for _ in range(3):
+        fx.controller.poll()
+    target = read_target(fx.run_dir)
+    assert "c" not in target.models and set(fx.loaded()) == after_abort  # nothing to roll out for c
+    assert target.unservable["c"].startswith("every version failed: version 1: rollout aborted")
+    assert "tried again when the files of c/1 or the settings of model c" in target.unservable["c"]
+
+
+def test_a_model_directory_without_versions_is_reported_with_what_was_expected(
+    fx: Fixture, caplog: pytest.LogCaptureFixture,
+) -> None:
+    (fx.models / "d" / "v2").mkdir(parents=True)
+    (fx.models / "d" / "model.keras").write_bytes(b"x")
+    before = set(fx.loaded())
+    for _ in range(3):
+        fx.controller.poll()
+    target = read_target(fx.run_dir)
+    assert "d" not in target.models and set(fx.loaded()) == before
+    assert target.unservable["d"].startswith("no version directory (model.keras: ignored: a model file goes in")
+    assert "v2: ignored: version directories are named by a positive integer (did you mean d/2?)" in target.unservable["d"]
+    told = [r.message for r in caplog.records if "model d:" in r.message]
+    assert len(told) == 2  # once each, not every poll
+
+
+def test_a_failed_version_is_tried_again_when_its_bytes_change_at_the_same_sizes_but_not_when_touched(fx: Fixture) -> None:
+    fx.arbiter.boot = failing({("a", 2)})
+    bad = add_version(fx.models, "a", 2)
+    fx.settle()
+    assert 2 in read_failed(fx.run_dir)["a"]
+    fx.arbiter.boot = serve_intended
+    model_file = bad / "model.keras"
+    os.utime(model_file, (1, 1))  # touched: the same bytes, still failed
+    fx.controller.poll()
+    fx.controller.poll()
+    assert fx.serving() == [{"a": [1], "b": [4]}] * WORKERS
+    model_file.write_bytes(os.urandom(len(model_file.read_bytes())))  # replaced: same name, same size
+    fx.controller.poll()
+    fx.controller.poll()
+    assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
+    assert read_failed(fx.run_dir) == {}  # served now: no longer reported failed
+
+
+def test_a_failed_version_is_tried_again_when_its_model_settings_change(fx: Fixture) -> None:
+    fx.arbiter.boot = failing({("a", 2)})
+    add_version(fx.models, "a", 2)
+    fx.settle()
+    assert 2 in read_failed(fx.run_dir)["a"]
+    fx.arbiter.boot = serve_intended
+    fx.conf.write_text("[models.b]\nmax_batch_size = 8\n")  # another model's settings: a/2 stays failed
+    fx.settle()
+    assert fx.serving() == [{"a": [1], "b": [4]}] * WORKERS and 2 in read_failed(fx.run_dir)["a"]
+    fx.conf.write_text("[models.b]\nmax_batch_size = 8\n[models.a]\nhandler = true\n")  # as the reason says
+    fx.settle()
+    assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
+
+
+def test_a_configuration_change_waits_for_a_version_still_being_copied_and_both_roll_out_once(fx: Fixture) -> None:
+    rolled: list[str] = []
+    fx.arbiter.boot = lambda pid, target: rolled.append(target.generation) or serve_intended(pid, target)
+    fx.conf.write_text("[models.c]\nmax_batch_size = 8\n")
+    copying = add_version(fx.models, "c", 1)
+    fx.controller.poll()  # both seen once
+    (copying / "model.keras").write_bytes(os.urandom(128))  # the copy goes on
+    fx.controller.poll()  # the configuration settled; the copy did not: wait
+    assert rolled == []
+    fx.controller.poll()
+    assert fx.serving() == [{"a": [1], "b": [4], "c": [1]}] * WORKERS
+    assert len(set(rolled)) == 1  # one rollout brought both
+
+
+def test_settings_for_a_model_the_repository_no_longer_has_are_logged_once(
+    fx: Fixture, caplog: pytest.LogCaptureFixture,
+) -> None:
+    fx.conf.write_text("[models.renamed]\nmax_batch_size = 8\n")
+    for _ in range(4):
+        fx.controller.poll()
+    told = [r.message for r in caplog.records if "settings for model renamed" in r.message]
+    assert len(told) == 1 and "renamed or removed?" in told[0]
