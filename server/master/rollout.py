@@ -495,13 +495,16 @@ class RolloutController:
         return set(blamed)
 
     def _forget_recovered(self, served: set[VersionKey]) -> dict[str, dict[int, FailedVersion]]:
-        """Drop failed marks of versions a live worker serves now (tried again after a change): the failed versions left."""
+        """Drop failed marks of versions served now (tried again after a change) or removed: the failed versions left."""
         failed = read_failed(self.run_dir)
+        models_dir = self.scanner.models_dir
         recovered = [(m, v) for m, versions in failed.items() for v in versions if (m, v) in served]
-        if recovered:
-            for model, version in recovered:
-                del failed[model][version]
-                log.info("forkserve: model %s version %s, once failed, is served now", model, version)
+        removed = [(m, v) for m, versions in failed.items() for v in versions if not (models_dir / m / str(v)).is_dir()]
+        for model, version in recovered:
+            log.info("forkserve: model %s version %s, once failed, is served now", model, version)
+        for model, version in set(recovered) | set(removed):
+            del failed[model][version]
+        if recovered or removed:
             write_failed(self.run_dir, failed)
         return failed
 
