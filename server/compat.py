@@ -86,6 +86,9 @@ def probe_arrays(shapes: list[tuple[int | None, ...]], dtypes: list[str], batch:
     arrays = []
     for shape, dtype in zip(shapes, dtypes):
         full = (batch, *[d or 2 for d in shape[1:]])
+        if dtype == "string":
+            arrays.append(np.full(full, b"", dtype=object))
+            continue
         kind = np.dtype(dtype).kind
         if kind == "f":
             arrays.append(rng.standard_normal(full).astype(dtype))

@@ -225,7 +225,7 @@ class RolloutController:
         config = self.config.refresh()
         self.settled = self.scanner.scan(trust_all)
         self._tell_about_the_repository(config)
-        failed = read_failed(self.run_dir)
+        failed = self._fail_unloadable(config)
         usable, why_empty = {}, {}
         for name, sources in self.settled.items():
             usable[name] = [s for s in sources if not self._is_failed(s, failed, config)]
@@ -240,6 +240,16 @@ class RolloutController:
         self.unservable = target.unservable
         return target
 
+    def _fail_unloadable(self, config: ServerConfig) -> dict[str, dict[int, FailedVersion]]:
+        """Mark failed at once the settled versions no worker could load (unreadable, no model file, ambiguous): the failed versions."""
+        failed = read_failed(self.run_dir)
+        problems = {(s.model, s.version): s.problem for sources in self.settled.values() for s in sources
+                    if s.problem and not self._is_failed(s, failed, config)}
+        if not problems:
+            return failed
+        self._mark_failed(problems)
+        return read_failed(self.run_dir)
+
     def _is_failed(self, source: VersionSource, failed: dict[str, dict[int, FailedVersion]], config: ServerConfig) -> bool:
         """Marked failed with the content the directory still has and the settings the model still has."""
         entry = failed.get(source.model, {}).get(source.version)
@@ -248,14 +258,10 @@ class RolloutController:
         return entry.content in ("", self.scanner.content_digest(source.path))
 
     def _tell_about_the_repository(self, config: ServerConfig) -> None:
-        """Log once each: entries a model directory ignores, versions that cannot load, settings for no model."""
+        """Log once each: entries a model directory ignores, settings for a model the repository lacks."""
         for name, sources in self.settled.items():
             for entry, why in stray_entries(self.scanner.models_dir / name).items():
                 self._tell_once(("stray", name, entry, why), "forkserve: model %s: %s %s", name, entry, why)
-            for source in sources:
-                if source.problem:
-                    self._tell_once(("problem", str(source.path), source.problem),
-                                    "forkserve: model %s version %s cannot be loaded: %s", name, source.version, source.problem)
         for name in sorted(set(config.models) - set(self.settled)):
             self._tell_once(("settings", name, self.config.path.name),
                             "forkserve: %s has settings for model %s, but the repository has no model %s "

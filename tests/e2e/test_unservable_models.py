@@ -13,6 +13,7 @@ from typing import Iterator
 
 import pytest
 
+from server.state import read_worker_states
 from server.target import read_failed, read_target
 from tests.e2e.harness import Server, wait_until
 from tests.e2e.test_metrics import samples, value
@@ -129,11 +130,12 @@ def test_a_failed_version_comes_back_when_its_cause_is_fixed(server: Server, rep
     replacement.write_bytes(good)  # the same name and size as the broken file, other bytes
     replacement.rename(repo / "broken" / "1" / "model.keras")
 
-    def both_serve() -> bool:
-        models = server.get("/readyz").json()["models"]
-        return models.get("stray", {}).get("serving") == [1] and models.get("broken", {}).get("serving") == [1]
+    def both_served_by_every_worker() -> bool:
+        states = read_worker_states(server.run_dir)
+        pids = server.worker_pids()
+        return len(pids) == 2 and all(states[pid].serving(m) == [1] for pid in pids for m in ("stray", "broken"))
 
-    wait_until(both_serve, 240, "stray/1 and broken/1 served")
+    wait_until(both_served_by_every_worker, 240, "stray/1 and broken/1 served by every worker")
     assert server.post("/v1/models/stray:predict", json={"x": [0.5] * 20}).status_code == 200
     assert server.post("/v1/models/broken:predict", json=FEATURES).status_code == 200
     wait_until(lambda: all("failed" not in server.get("/readyz").json()["models"][m] for m in ("stray", "broken")),
