@@ -288,6 +288,8 @@ class RolloutController:
 
     def _publish(self, target: Target) -> None:
         """Write the target with the configuration problem and the unservable models of the moment."""
+        for name in set(self._published_reports[1]) | set(self.unservable):
+            record_metric(lambda m, name=name: m.MODEL_UNSERVABLE.labels(name).set(1 if name in self.unservable else 0))
         self._published_reports = (self.config.problem, self.unservable)
         write_target(self.run_dir, dataclasses.replace(target, config_problem=self.config.problem,
                                                        unservable=self.unservable))
@@ -510,6 +512,7 @@ class RolloutController:
             log.info("forkserve: model %s version %s, once failed, is served now", model, version)
         for model, version in set(recovered) | set(removed):
             del failed[model][version]
+            record_metric(lambda m, k=(model, str(version)): m.VERSION_FAILED.labels(*k).set(0))
         if recovered or removed:
             write_failed(self.run_dir, failed)
         return failed
@@ -538,6 +541,7 @@ class RolloutController:
             self.strikes.clear((model, version))
             log.error("forkserve: model %s version %s marked failed: %s", model, version, reason)
             record_metric(lambda m, k=(model, str(version)): m.ROLLOUT_FAILED_VERSIONS.labels(*k).inc())
+            record_metric(lambda m, k=(model, str(version)): m.VERSION_FAILED.labels(*k).set(1))
         write_failed(self.run_dir, failed)
 
 

@@ -155,6 +155,14 @@ MODEL_VERSION_CHANGES = Counter(
     "forkserve_model_version_changes", "Files of a settled version that changed on disk (versions are immutable).",
     ["model", "version"],
 )
+VERSION_FAILED = Gauge(
+    "forkserve_version_failed", "1 while the master marks a model version failed (never served; the reason is in its status).",
+    ["model", "version"], multiprocess_mode="livemax",
+)
+MODEL_UNSERVABLE = Gauge(
+    "forkserve_model_unservable", "1 while nothing of a model in the repository can be served (the reason is in /readyz).",
+    ["model"], multiprocess_mode="livemax",
+)
 CONFIG_LAST_RELOAD_SUCCESSFUL = Gauge(
     "forkserve_config_last_reload_successful",
     "1 when conf/models.toml as last read is valid, 0 while the master keeps the last good configuration.",
