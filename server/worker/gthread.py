@@ -215,7 +215,12 @@ class ForkserveWorker(ThreadWorker):
 
     @property
     def max_keepalived(self) -> int:
-        """A request thread closes its connection after the answer at this many kept alive: 0 above the share."""
+        """A request thread closes its connection after the answer at this many kept alive: 0 above the bound.
+
+        NOTE: 0 closes every connection answered while this worker holds more than the bound, not
+        only as many as the excess: the extra reconnects leave the workers nearer an even split
+        (measured in docs/performance.md).
+        """
         board = self._board()
         if board is not None and self.nr_conns > board.bound():
             return 0  # gthread answers with Connection: close; the client reconnects to another worker
