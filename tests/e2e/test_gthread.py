@@ -87,9 +87,9 @@ def test_clients_that_ignore_connection_close_hold_a_bounded_number_of_descripto
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda sock: exchange(sock, request)[0], sockets))
         assert answers == ["200"] * clients
-        held = worker_sockets(worker, one_worker.port)  # these clients never close their end
+        # These clients never close their end: a lingering close waits 5 s for them (gunicorn's waited 2 s, 4 at a time).
+        wait_until(lambda: worker_sockets(worker, one_worker.port) <= LINGERING_LIMIT, 2, "at most 64 lingering closes")
         counted = closes(one_worker)
-        assert held <= LINGERING_LIMIT + 1, held  # + the /metrics connection
         assert counted.get("at_once", 0) >= clients - LINGERING_LIMIT, counted
         started = time.monotonic()
         assert requests.get(one_worker.url + "/healthz", timeout=10).ok  # the worker is not held up meanwhile
