@@ -127,6 +127,14 @@ REJECTED_REQUESTS = Counter(
     ["model", "reason"],
 )
 
+# --- connections (worker, main and closer threads) ---
+CONNECTION_CLOSES = Counter(
+    "forkserve_connection_closes",
+    "Connections closed after an answer with Connection: close or an unread body, by how: lingered (the client "
+    "closed first), cut_short (it still sent after 5 s or 64 MiB) or at_once (64 closes were lingering already).",
+    ["how"],
+)
+
 # --- workers (master and worker) ---
 WORKERS_ALIVE = Gauge(
     "forkserve_workers_alive", "Worker processes that finished booting and are alive.", multiprocess_mode="livesum",
