@@ -291,11 +291,13 @@ class ModelRegistry:
         metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).dec())
         metrics.record(lambda: metrics.MODEL_WORKERS_READY.labels(*labels).set(1))
         metrics.record(lambda: metrics.MODEL_LOAD_SECONDS.labels(entry.name).observe(entry.load_seconds))
-        unwarmed = "".join(f"; signature {name} not warmed: {why}" for name, why in getattr(servable, "unwarmed", {}).items())
         log.info(
-            "model %s version %s (%s) loaded and warmed (%d calls%s) in %.2fs",
-            entry.name, entry.version, entry.source.format, calls, unwarmed, entry.load_seconds,
+            "model %s version %s (%s) loaded and warmed (%d calls) in %.2fs",
+            entry.name, entry.version, entry.source.format, calls, entry.load_seconds,
         )
+        for signature, why in getattr(servable, "unwarmed", {}).items():
+            log.info("model %s version %s: signature %s not warmed (%s); its first requests trace it",
+                     entry.name, entry.version, signature, why)
         return True
 
     @staticmethod
