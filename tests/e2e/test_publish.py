@@ -17,9 +17,10 @@ from tests.e2e.conftest import KERAS2, REPO_ROOT
 from tests.e2e.harness import ROOT, wait_until
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    """Run the publish command line as a user would."""
-    return subprocess.run([sys.executable, "-m", "server", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+def _cli(*args: str, conf: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the publish command line as a user would (with FORKSERVE_CONF = `conf`, the server's settings)."""
+    env = {**os.environ, **({"FORKSERVE_CONF": str(conf)} if conf else {})}
+    return subprocess.run([sys.executable, "-m", "server", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 
 def _entries(model_dir: Path) -> list[str]:
@@ -79,7 +80,7 @@ print(json.dumps(out))
 
 
 def test_cli_refuses_a_config_naming_an_arbitrary_function(tmp_path: Path) -> None:
-    from tests.e2e.conftest import REPO_ROOT, write_model_naming_a_function
+    from tests.e2e.conftest import write_model_naming_a_function
 
     forged = write_model_naming_a_function(REPO_ROOT / "models" / "digits" / "1" / "model.keras", tmp_path / "evil.keras")
     result = _cli("publish", "evil", str(forged), "--models", str(tmp_path / "models"))
@@ -145,7 +146,7 @@ def test_a_private_source_is_published_readable_by_whoever_reads_the_repository(
     models.chmod(repo_mode)
     source = _private_source()
     try:
-        result = _cli("publish", "digits", str(source), "--models", str(models), "--conf", str(shared_dir / "none.toml"))
+        result = _cli("publish", "digits", str(source), "--models", str(models), conf=shared_dir / "none.toml")
     finally:
         shutil.rmtree(source)
     assert result.returncode == 0, result.stderr
@@ -163,8 +164,7 @@ def test_publish_refuses_a_version_the_repository_s_owner_could_not_read(shared_
     models = shared_dir / "models"
     models.mkdir(mode=0o700)
     shutil.chown(models, user="nobody", group="nogroup")  # the server runs as nobody; publish runs as root
-    result = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models),
-                  "--conf", str(shared_dir / "none.toml"))
+    result = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=shared_dir / "none.toml")
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith("publish failed: the server could not read the published version: ")
     assert "the repository's owner nobody (uid 65534) could not read" in result.stderr and len(result.stderr.splitlines()) == 1
@@ -179,9 +179,8 @@ def test_a_staging_directory_left_by_a_killed_publish_is_removed_by_the_next_one
     shutil.copyfile(DIGITS / "1" / "model.keras", source / "model.keras")
     with open(source / "assets" / "blob", "wb") as blob:
         blob.truncate(200 * 1024 * 1024)  # long enough to copy and fsync that the kill lands mid-copy
-    publisher = subprocess.Popen([sys.executable, "-m", "server", "publish", "digits", str(source), "--models", str(models),
-                                  "--conf", str(shared_dir / "none.toml")], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+    publisher = subprocess.Popen([sys.executable, "-m", "server", "publish", "digits", str(source), "--models", str(models)],
+                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: any(p.name.startswith(".publish-") for p in (models / "digits").glob(".*")), 120,
                    "publish's staging directory", interval=0.005)
@@ -191,8 +190,7 @@ def test_a_staging_directory_left_by_a_killed_publish_is_removed_by_the_next_one
         publisher.wait(30)
     assert [p for p in _entries(models / "digits") if not p.startswith(".publish-")] == []  # killed before the rename
     assert _entries(models / "digits"), "the killed publish left no staging directory"
-    result = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models),
-                  "--conf", str(shared_dir / "none.toml"))
+    result = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=shared_dir / "none.toml")
     assert result.returncode == 0, result.stderr
     assert _entries(models / "digits") == ["1"]
     assert "left by a publisher that is gone" in result.stderr
@@ -207,8 +205,7 @@ def test_a_full_repository_is_a_one_line_failure_that_leaves_nothing(tmp_path: P
             pytest.fail(f"cannot mount a tmpfs: {mounted.stderr!r}")
         pytest.skip("mounting a tmpfs needs root")
     try:
-        result = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models),
-                      "--conf", str(tmp_path / "none.toml"))
+        result = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=tmp_path / "none.toml")
         assert result.returncode == 1 and result.stdout == ""
         assert len(result.stderr.splitlines()) == 1, result.stderr
         assert result.stderr.startswith("publish failed: copying ") and "No space left on device" in result.stderr
@@ -222,13 +219,13 @@ def test_a_full_repository_is_a_one_line_failure_that_leaves_nothing(tmp_path: P
 def test_a_plain_file_over_a_version_with_a_handler_is_refused_unless_told(tmp_path: Path) -> None:
     models = tmp_path / "models"
     shutil.copytree(DIGITS, models / "digits")  # version 2, the newest, has a handler
-    conf = str(REPO_ROOT / "conf" / "models.toml")
-    refused = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), "--conf", conf)
+    conf = REPO_ROOT / "conf" / "models.toml"
+    refused = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=conf)
     assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
     assert refused.stderr.startswith("publish failed: version 2 of digits has a handler.py and model.keras has none")
     assert "--change-request-shape" in refused.stderr
     assert _entries(models / "digits") == ["1", "2"]
-    told = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), "--conf", conf,
+    told = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), "--conf", str(conf),
                 "--change-request-shape")
     assert told.returncode == 0 and told.stdout.strip() == "3", told.stderr
     assert sorted(p.name for p in (models / "digits" / "3").iterdir()) == ["model.keras"]
@@ -237,7 +234,7 @@ def test_a_plain_file_over_a_version_with_a_handler_is_refused_unless_told(tmp_p
 def test_a_handler_over_a_plain_version_is_refused_unless_told(tmp_path: Path) -> None:
     models = tmp_path / "models"
     shutil.copytree(DIGITS / "1", models / "digits" / "1")
-    refused = _cli("publish", "digits", str(DIGITS / "2"), "--models", str(models), "--conf", str(REPO_ROOT / "conf" / "models.toml"))
+    refused = _cli("publish", "digits", str(DIGITS / "2"), "--models", str(models), conf=REPO_ROOT / "conf" / "models.toml")
     assert refused.returncode == 1, refused.stderr
     assert refused.stderr.startswith("publish failed: 2 has a handler.py and version 1 of digits has none")
     assert _entries(models / "digits") == ["1"]
