@@ -164,8 +164,9 @@ def _reason(exc: OSError, doing: str) -> str:
     """One line for an OSError: what publish was doing and why it failed."""
     what = exc.strerror or str(exc)
     if exc.errno == errno.ENOSPC:
-        what += " (the repository's file system is full)"
-    where = f": {exc.filename}" if exc.filename else ""
+        what += ", the repository's file system is full"
+    written = exc.filename2 or exc.filename  # a copy's error names the source first, then what it wrote
+    where = f" ({written})" if written else ""
     return f"{doing}: {what}{where}"
 
 

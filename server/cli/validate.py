@@ -59,7 +59,7 @@ def run_in_child(source: Path, name: str, config: ModelConfig, version: int, con
     if verdict is None:
         raise ValidationFailed(
             f"{source}: validation ended without a verdict ({_exit_status(done.returncode)}); "
-            f"`python -m server.cli.validate {source}` shows its output"
+            f"`python -m server.cli.validate {source} --model {name} --conf {conf}` shows its output"
         )
     if not verdict["valid"]:
         raise ValidationFailed(f"{source}: invalid model: {verdict['reason']}")
@@ -102,12 +102,13 @@ def _one_line(text: str) -> str:
 
 def check(source: VersionSource, config: ModelConfig) -> dict[str, Any]:
     """Load, warm and run the example as a worker does; the verdict, whatever the model or handler raises."""
-    from server.worker import runtime
     from server.worker.handlers import HandlerError, _describe, check_example
-    from server.worker.registry import ModelRegistry, ModelVersion
 
     stage = "model"
     try:
+        from server.worker import runtime  # NOTE: TensorFlow's import, inside: a broken install is a verdict too
+        from server.worker.registry import ModelRegistry, ModelVersion
+
         servable = runtime.load_servable(source)
         stage = "handler"
         # NOTE: the registry's own rule (a handler.py needs `handler = true`), so publish gives its reason.
@@ -147,14 +148,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("path", type=Path)
     parser.add_argument("--model", default="candidate", help="the model's name (default: candidate)")
     parser.add_argument("--version", type=int, default=1, help="the version number it would get (default: 1)")
-    parser.add_argument("--settings", default="{}", help="the model's settings as JSON (default: every default)")
+    settings = parser.add_mutually_exclusive_group()
+    settings.add_argument("--settings", default="{}", help="the model's settings as JSON (what publish passes; default: every default)")
+    settings.add_argument("--conf", type=Path, help="read the model's settings from this conf/models.toml instead")
     args = parser.parse_args(argv)
     out = _verdict_stream()
     try:
-        config = parse_config({"models": {args.model: json.loads(args.settings)}}).for_model(args.model)
+        if args.conf is not None:
+            config = model_settings(args.model, args.conf)
+        else:
+            config = parse_config({"models": {args.model: json.loads(args.settings)}}).for_model(args.model)
         verdict = check(source_for(args.path, args.model, args.version), config)
-    except (ValueError, ConfigError) as exc:
-        verdict = {"valid": False, "reason": _one_line(f"--settings: {exc}")}
+    except (ValueError, ConfigError, ValidationFailed) as exc:
+        verdict = {"valid": False, "reason": _one_line(f"settings: {exc}")}
     print(json.dumps(verdict), file=out, flush=True)
     for warning in verdict.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
