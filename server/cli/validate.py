@@ -102,7 +102,7 @@ def _one_line(text: str) -> str:
 
 def check(source: VersionSource, config: ModelConfig) -> dict[str, Any]:
     """Load, warm and run the example as a worker does; the verdict, whatever the model or handler raises."""
-    from server.worker.handlers import HandlerError, _describe, check_example
+    from server.worker.handlers import HandlerError, check_example
 
     stage = "model"
     try:
@@ -121,11 +121,14 @@ def check(source: VersionSource, config: ModelConfig) -> dict[str, Any]:
     except HandlerError as exc:
         return {"valid": False, "reason": _one_line(f"handler: {exc}")}
     except BaseException as exc:  # NOTE: SystemExit and KeyboardInterrupt from a handler are verdicts too
+        # (server.worker.handlers turns what a handler raises into a HandlerError with its handler.py
+        # line; this is the net under it, so that no exception can leave the child without a verdict.)
+        raised = f"{type(exc).__name__}{': ' if str(exc) else ''}{exc}"
         reason = {
-            "handler": f"handler: {_describe(exc)}",
-            "warm-up": f"warm-up at the batch sizes {config.batch_buckets} failed: {type(exc).__name__}: {exc}",
-            "example": f"handler: Handler.example failed: {_describe(exc)}",
-        }.get(stage, f"{type(exc).__name__}: {exc}")
+            "handler": f"handler: Handler setup failed: {raised}",  # the import catches everything itself
+            "warm-up": f"warm-up at the batch sizes {config.batch_buckets} failed: {raised}",
+            "example": f"handler: Handler.example failed: {raised}",
+        }.get(stage, raised)
         return {"valid": False, "reason": _one_line(reason)}
     signatures = {name: {"method": s.method, "inputs": list(s.inputs), "outputs": list(s.outputs)}
                   for name, s in servable.signatures.items()}
