@@ -16,7 +16,7 @@ import re
 import shutil
 import socket
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
@@ -170,15 +170,15 @@ def _reason(exc: OSError, doing: str) -> str:
     return f"{doing}: {what}{where}"
 
 
-def _model_dir(models_dir: Path, name: str, access: RepositoryAccess) -> Path:
-    """The model's directory; a new one gets the repository's group and modes."""
+def _model_dir(models_dir: Path, name: str, access: RepositoryAccess) -> tuple[Path, bool]:
+    """The model's directory and whether this call made it; a new one gets the repository's group and modes."""
     model_dir = models_dir / name
     try:
         model_dir.mkdir()
     except FileExistsError:
-        return model_dir
+        return model_dir, False
     access.apply(model_dir)
-    return model_dir
+    return model_dir, True
 
 
 def _stage(source: Path, kind: str, model_dir: Path, access: RepositoryAccess) -> Path:
@@ -202,6 +202,23 @@ def _stage(source: Path, kind: str, model_dir: Path, access: RepositoryAccess) -
             raise PublishError(_reason(exc, f"copying {source} into {model_dir}")) from None
         raise
     return staging
+
+
+def _stage_and_rename(source: Path, kind: str, model_dir: Path, access: RepositoryAccess) -> int:
+    """Stage `source` in `model_dir` and rename it to the next version under the lock; that version."""
+    staging = _stage(source, kind, model_dir, access)
+    try:
+        with _locked(model_dir):
+            for stale in remove_stale_staging(model_dir):
+                log.info("removed %s, left by a publisher that is gone", model_dir / stale)
+            version = next_version(model_dir)
+            os.rename(staging, model_dir / str(version))
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise PublishError(_reason(exc, f"renaming into {model_dir}")) from None
+        raise
+    return version
 
 
 def publish(
@@ -235,20 +252,15 @@ def publish(
     try:
         models_dir.mkdir(parents=True, exist_ok=True)
         access = RepositoryAccess.of(models_dir)
-        model_dir = _model_dir(models_dir, name, access)
+        model_dir, created = _model_dir(models_dir, name, access)
     except OSError as exc:
         raise PublishError(_reason(exc, f"creating {models_dir / name}")) from None
-    staging = _stage(source, kind, model_dir, access)
     try:
-        with _locked(model_dir):
-            for stale in remove_stale_staging(model_dir):
-                log.info("removed %s, left by a publisher that is gone", model_dir / stale)
-            version = next_version(model_dir)
-            os.rename(staging, model_dir / str(version))
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise PublishError(_reason(exc, f"renaming into {model_dir}")) from None
+        version = _stage_and_rename(source, kind, model_dir, access)
+    except BaseException:
+        if created:  # a first publish that failed before its lock leaves no empty model directory behind
+            with suppress(OSError):
+                model_dir.rmdir()  # NOTE: only empty: never another publisher's staging directory or lock
         raise
     try:
         _fsync(model_dir)
