@@ -181,13 +181,25 @@ def _model_dir(models_dir: Path, name: str, access: RepositoryAccess) -> tuple[P
     return model_dir, True
 
 
+@contextmanager
+def _removed_on_failure(staging: Path, doing: str) -> Iterator[None]:
+    """Remove `staging` when the block fails; an OSError becomes one line saying what publish was doing."""
+    try:
+        yield
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise PublishError(_reason(exc, doing)) from None
+        raise
+
+
 def _stage(source: Path, kind: str, model_dir: Path, access: RepositoryAccess) -> Path:
     """Copy `source` into a staging directory readable by the repository's readers, fsynced."""
     try:
         staging = _staging_dir(model_dir)
     except OSError as exc:
         raise PublishError(_reason(exc, f"creating a staging directory in {model_dir}")) from None
-    try:
+    with _removed_on_failure(staging, f"copying {source} into {model_dir}"):
         _copy(source, staging / ("model" + source.suffix.lower()) if kind == "file" else staging)
         access.apply(staging)
         shown = [(p, str(p.relative_to(staging)) if p != staging else "the version directory") for p in tree(staging)]
@@ -196,28 +208,17 @@ def _stage(source: Path, kind: str, model_dir: Path, access: RepositoryAccess) -
             raise PublishError(f"the server could not read the published version: {problem}")
         for path in reversed(list(tree(staging))):  # files first, each directory after its entries
             _fsync(path)
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise PublishError(_reason(exc, f"copying {source} into {model_dir}")) from None
-        raise
     return staging
 
 
 def _stage_and_rename(source: Path, kind: str, model_dir: Path, access: RepositoryAccess) -> int:
     """Stage `source` in `model_dir` and rename it to the next version under the lock; that version."""
     staging = _stage(source, kind, model_dir, access)
-    try:
-        with _locked(model_dir):
-            for stale in remove_stale_staging(model_dir):
-                log.info("removed %s, left by a publisher that is gone", model_dir / stale)
-            version = next_version(model_dir)
-            os.rename(staging, model_dir / str(version))
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise PublishError(_reason(exc, f"renaming into {model_dir}")) from None
-        raise
+    with _removed_on_failure(staging, f"renaming into {model_dir}"), _locked(model_dir):
+        for stale in remove_stale_staging(model_dir):
+            log.info("removed %s, left by a publisher that is gone", model_dir / stale)
+        version = next_version(model_dir)
+        os.rename(staging, model_dir / str(version))
     return version
 
 
