@@ -56,13 +56,13 @@ def flask_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def forkserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The "after": examples/wine/version published with the CLI and served with handler = true."""
+    """The "after": handler = true, examples/wine/version published with the CLI and served."""
     repo, run_dir = tmp_path_factory.mktemp("wine-models"), tmp_path_factory.mktemp("wine-run")
-    published = subprocess.run([sys.executable, "-m", "server", "publish", "wine", str(WINE / "version"), "--models", str(repo)],
-                               cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert published.returncode == 0 and published.stdout.strip() == "1", published.stderr
     conf = run_dir / "models.toml"
-    conf.write_text("[models.wine]\nhandler = true\n")
+    conf.write_text("[models.wine]\nhandler = true\n")  # first: publish checks the version with these settings
+    published = subprocess.run([sys.executable, "-m", "server", "publish", "wine", str(WINE / "version"), "--models", str(repo),
+                                "--conf", str(conf)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert published.returncode == 0 and published.stdout.strip() == "1", published.stderr
     server = Server(models_dir=repo, run_dir=run_dir, conf_path=conf, workers=1).start()
     yield f"{server.url}/v1/models/wine:predict"
     server.stop()
