@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +42,11 @@ def read_files(path: Path) -> DirectoryFiles:
         for name in sorted(files):
             full = os.path.join(directory, name)
             try:
-                stat = os.stat(full)
+                info = os.stat(full)
             except FileNotFoundError:
                 continue
-            content.append((os.path.relpath(full, path), stat.st_size))
-            mtimes.append(stat.st_mtime_ns)
+            content.append((os.path.relpath(full, path), info.st_size))
+            mtimes.append(info.st_mtime_ns)
     return DirectoryFiles(tuple(content), tuple(mtimes))
 
 
@@ -131,12 +132,21 @@ class SettledScanner:
 
 
 def digest_files(path: Path, files: DirectoryFiles) -> str:
-    """sha256 over each file's name, size and bytes ("" for a file that vanished meanwhile, so the digest changes)."""
+    """sha256 over each file's name, size and bytes; a file that cannot be read counts by its error.
+
+    NOTE: only regular files are read: a FIFO (or a device) would block the master's rollout
+    thread for ever, so its type stands in for its content. O_NONBLOCK covers a file swapped for
+    a FIFO between the stat and the open.
+    """
     digest = hashlib.sha256()
     for name, size in files.content:
         digest.update(f"{name}\0{size}\0".encode())
         try:
-            with open(path / name, "rb") as handle:
+            fd = os.open(path / name, os.O_RDONLY | os.O_NONBLOCK)
+            with open(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    digest.update(f"not a regular file: {stat.S_IFMT(os.fstat(fd).st_mode)}".encode())
+                    continue
                 while chunk := handle.read(1 << 20):
                     digest.update(chunk)
         except OSError as exc:

@@ -92,3 +92,16 @@ def test_content_keys_ignore_mtimes_but_not_sizes(tmp_path: Path) -> None:
     scanner = SettledScanner(tmp_path)
     scanner.scan(trust_all=True)
     assert scanner.content_key(directory) == read_files(directory).key and scanner.content_key(tmp_path) == ""
+
+
+def test_the_content_digest_reads_bytes_but_never_blocks_on_a_fifo(tmp_path: Path) -> None:
+    directory = version(tmp_path, "a", 1, b"weights")
+    scanner = SettledScanner(tmp_path)
+    scanner.scan(trust_all=True)
+    first = scanner.content_digest(directory)
+    (directory / "model.keras").write_bytes(b"Weights")  # same name and size, other bytes
+    scanner.scan()
+    assert scanner.content_digest(directory) != first
+    os.mkfifo(directory / "variables.index")  # a load would block on it; the master's digest must not
+    scanner.scan()
+    assert len(scanner.content_digest(directory)) == 16
