@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from server.state import (
     LOADED,
     ModelReport,
     WorkerState,
+    publish_worker_state,
     read_exit_reason,
+    read_json,
     read_worker_states,
     remove_worker_state,
     workers_dir,
     write_exit_reason,
+    write_json,
     write_worker_state,
 )
+from server.telemetry import write_errors
+from tests.e2e.harness import wait_until
 
 
 def test_a_state_round_trips_loading_then_loaded(tmp_path: Path) -> None:
@@ -43,3 +53,55 @@ def test_exit_reasons_and_removal(tmp_path: Path) -> None:
     assert read_exit_reason(tmp_path, 5) == "graceful" and read_exit_reason(tmp_path, 6) == ""
     remove_worker_state(tmp_path, 5)
     assert read_worker_states(tmp_path) == {} and read_exit_reason(tmp_path, 5) == ""
+
+
+@pytest.fixture
+def fresh_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kind of run-directory problem not yet logged in this process."""
+    monkeypatch.setattr(write_errors, "_told", set())
+
+
+def errors_counted(file: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("forkserve_run_dir_write_errors_total", {"file": file}) or 0.0
+
+
+def test_a_refused_state_file_is_reported_once_and_counted_each_time(
+    tmp_path: Path, fresh_reports: None, caplog: pytest.LogCaptureFixture,
+) -> None:
+    workers_dir(tmp_path).write_text("a file where the workers directory should be")
+    before = errors_counted(write_errors.WORKER_STATE)
+    for _ in range(3):
+        assert not write_worker_state(tmp_path, WorkerState(7, "g", loading=("mlp", 1)))
+    lines = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
+    assert len(lines) == 1 and f"{workers_dir(tmp_path) / '7.json'} (worker_state): [Errno 17] File exists" in lines[0]
+    assert errors_counted(write_errors.WORKER_STATE) == before + 3
+    write_exit_reason(tmp_path, 7, "graceful")  # never raises either
+    remove_worker_state(tmp_path, 7)
+
+
+def test_a_loaded_state_the_directory_refused_is_published_once_it_can_be(
+    tmp_path: Path, fresh_reports: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    write_worker_state(tmp_path, WorkerState(7, "g", loading=("mlp", 1)))
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)  # the run directory is full from now on
+    loaded = WorkerState(7, "g", LOADED, None, True, {"mlp": ModelReport([1])})
+    publish_worker_state(tmp_path, loaded, retry_every=0.05)
+    assert read_worker_states(tmp_path) == {}  # not "loading mlp 1" any more: the master would blame mlp 1 for its death
+    monkeypatch.undo()  # space again
+    wait_until(lambda: read_worker_states(tmp_path) == {7: loaded}, 10, "the state to be published")
+
+
+def test_a_planted_temporary_name_is_never_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    for planted in (f".target.json.{os.getpid()}.tmp", "target.json"):  # the old temporary name, and the file itself
+        (tmp_path / planted).symlink_to(victim)
+    write_json(tmp_path / "target.json", {"generation": "g"})
+    assert victim.read_text() == "mine" and read_json(tmp_path / "target.json") == {"generation": "g"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".target.json.") and not p.is_symlink()] == []
