@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -105,3 +107,32 @@ def test_a_planted_temporary_name_is_never_written_through(tmp_path: Path) -> No
     write_json(tmp_path / "target.json", {"generation": "g"})
     assert victim.read_text() == "mine" and read_json(tmp_path / "target.json") == {"generation": "g"}
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".target.json.") and not p.is_symlink()] == []
+
+
+NOT_PERMITTED = """
+import logging, os, sys
+from pathlib import Path
+from server.state import WorkerState, remove_worker_state, write_exit_reason, write_worker_state
+from server.telemetry import metrics  # noqa: F401  (imported while it still can be)
+logging.basicConfig(format="%(message)s")
+os.setgid(65534)
+os.setuid(65534)  # nobody: the run directory is root's, mode 0755
+run_dir = Path(sys.argv[1])
+print(write_worker_state(run_dir, WorkerState(7, "g")), write_worker_state(run_dir, WorkerState(7, "g")))
+write_exit_reason(run_dir, 7, "graceful")
+remove_worker_state(run_dir, 8)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing user needs root")
+def test_a_run_dir_this_user_may_not_write_is_reported_never_raised(tmp_path: Path) -> None:
+    """EACCES (root bypasses permissions, so the writer drops to nobody): every write is reported once, none raises."""
+    write_worker_state(tmp_path, WorkerState(8, "g"))
+    os.chmod(tmp_path, 0o755)
+    done = subprocess.run([sys.executable, "-c", NOT_PERMITTED, str(tmp_path)], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["False", "False"], done.stderr
+    lines = [line for line in done.stderr.splitlines() if "cannot write" in line]
+    assert [line.split("(")[1].split(")")[0] for line in lines] == ["worker_state", "worker_exit", "cleanup"], lines
+    assert all("[Errno 13] Permission denied" in line for line in lines)
+    assert list(read_worker_states(tmp_path)) == [8]
