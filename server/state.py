@@ -144,10 +144,16 @@ class WorkerState:
 
 
 def write_worker_state(run_dir: Path, state: WorkerState) -> bool:
-    """Worker: publish its progress or outcome; False (reported) when the run directory refused it."""
+    """Worker: publish its progress or outcome; False (reported) when the run directory refused it.
+
+    NOTE: a refused write also removes what the file said before (when it can): the master would
+    take a stale "loading" for where the worker is, and blame that version for its death.
+    """
+    path = workers_dir(run_dir) / f"{state.pid}.json"
     try:
-        write_json(workers_dir(run_dir) / f"{state.pid}.json", state.to_json(), write_errors.WORKER_STATE)
+        write_json(path, state.to_json(), write_errors.WORKER_STATE)
     except OSError:
+        _remove(path)
         return False
     return True
 
@@ -156,12 +162,10 @@ def publish_worker_state(run_dir: Path, state: WorkerState, retry_every: float =
     """Worker, once loaded: publish the outcome, and if the run directory refuses, keep trying in a thread until it takes it.
 
     NOTE: an unpublished worker serves, but the master does not see it loaded (a rollout waits
-    for it). Its "loading" state of a moment ago is removed meanwhile: the master would blame the
-    version it names for the worker's death.
+    for it, and child_exit counts its death against no version).
     """
     if write_worker_state(run_dir, state):
         return
-    _remove(workers_dir(run_dir) / f"{state.pid}.json")
 
     def retry() -> None:
         while True:

@@ -144,6 +144,28 @@ def test_read_only_run_dir_then_kill_9_a_worker(server: Server, run_dir: Path) -
     assert replacement in server.wait_workers_loaded(2, 30)
 
 
+def target_errors(server: Server) -> float:
+    """forkserve_run_dir_write_errors_total{file="target"}: the master's rollout passes the run directory refused."""
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith('forkserve_run_dir_write_errors_total{file="target"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_reload_while_the_run_dir_is_full_waits_for_space(server: Server, run_dir: Path) -> None:
+    """No rollout starts while the master cannot publish its target; the reload asked for meanwhile runs after."""
+    assert server.process is not None
+    old = server.wait_workers_loaded(2, 30)
+    with filled(run_dir):
+        before = target_errors(server)
+        os.kill(server.process.pid, signal.SIGHUP)
+        wait_until(lambda: target_errors(server) >= before + 3, 60, "three rollout passes held back")
+        assert "forkserve: rollout " not in server.log() and server.children() == old
+    wait_until(lambda: not set(old) & set(server.worker_pids()) and len(server.worker_pids()) == 2, BOOT_TIMEOUT,
+               "the reload to replace both workers")
+    assert "forkserve: rollout " in server.log() and server.process.poll() is None
+
+
 @pytest.mark.parametrize("state", ["read-only", "full"])
 def test_start_on_an_unwritable_run_dir_is_one_line(tmp_path: Path, state: str) -> None:
     """Refused in one line naming the directory and the error, with nothing left behind."""
