@@ -4,9 +4,11 @@ Every worker accepts from the one listening socket, and a keep-alive connection 
 worker that accepted it for as long as the client keeps it: a burst of new connections could
 leave one worker holding 61 of 64 (seen with `ss`), with half the machine's CPUs. The master
 creates the board before the first fork (an anonymous shared mapping the workers inherit) and
-gives each new worker a slot (pre_fork); a worker publishes its count while it accepts, stops
-accepting above its fair share, and answers with `Connection: close` on connections it holds beyond
-it, so those clients reconnect to another worker. No TensorFlow: the master imports this module.
+gives each new worker a slot (pre_fork); a worker publishes its count while it accepts, accepts
+only while it holds fewer than bound(), and while it holds more answers every request with
+`Connection: close` (not only as many as the excess: requests answered at once all see the same
+count), so those clients reconnect, mostly to other workers (server/worker/gthread.py). No
+TensorFlow: the master imports this module.
 """
 
 from __future__ import annotations

@@ -1,30 +1,90 @@
-"""forkserve's command line: `python -m server publish NAME SOURCE` and `python -m server reload`.
+"""forkserve's command line: `python -m server publish NAME SOURCE`, `validate NAME SOURCE` and `reload`.
 
-Runs in the caller's process, never with TensorFlow (publish validates in a child process).
+Runs in the caller's process, never with TensorFlow (publish and validate check in a child process).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 from pathlib import Path
 
-from server.cli.publish import PublishError, publish
+from server.cli.publish import PublishError, default_conf, next_version, publish, source_kind
 from server.cli.reload import reload
+from server.cli.validate import ValidationFailed, model_settings, run_in_child
 from server.settings import Settings
 
 
+def _report_to_stderr(command: str) -> None:
+    """publish's warnings and notes as `<command>: ...` lines on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{command}: %(message)s"))
+    logger = logging.getLogger("forkserve.publish")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _models(args: argparse.Namespace) -> Path:
+    return (args.models or Settings.from_env().models_dir).resolve()
+
+
 def _publish(args: argparse.Namespace) -> int:
-    """Validate and publish; print the new version (stdout) and where it went (stderr)."""
-    models = (args.models or Settings.from_env().models_dir).resolve()
+    """Validate and publish; print the new version (stdout) and where it went (stderr).
+
+    Every failure is one line, `publish failed: <reason>`, and exit status 1.
+    """
+    _report_to_stderr("publish")
     try:
-        version = publish(args.name, args.source, models)
+        models = _models(args)
+        version = publish(args.name, args.source, models, conf=args.conf, change_request_shape=args.change_request_shape)
     except PublishError as exc:
-        print(f"publish failed: {exc}", file=sys.stderr)
-        return 1
+        return _failed("publish failed", str(exc))
+    except KeyboardInterrupt:
+        return _failed("publish failed", "interrupted")
+    except Exception as exc:  # NOTE: the promise is one line whatever happens, never a traceback
+        return _failed("publish failed", f"{type(exc).__name__}: {exc}")
     print(f"published {args.name} version {version} in {models / args.name / str(version)}", file=sys.stderr)
     print(version)
     return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    """Check SOURCE as the next version of NAME without publishing; always print the verdict."""
+    _report_to_stderr("validate")
+    try:
+        source = args.source.resolve()
+        source_kind(source)
+        conf = (args.conf or default_conf()).resolve()
+        verdict = run_in_child(source, args.name, model_settings(args.name, conf), next_version(_models(args) / args.name), conf)
+    except (PublishError, ValidationFailed) as exc:
+        return _failed("validate", str(exc))
+    except KeyboardInterrupt:
+        return _failed("validate", "interrupted")
+    except Exception as exc:
+        return _failed("validate", f"{type(exc).__name__}: {exc}")
+    for warning in verdict["warnings"]:
+        print(f"validate: warning: {warning}", file=sys.stderr)
+    print(json.dumps({key: verdict[key] for key in ("format", "signatures", "handler")}))
+    print(f"validate: {source} is valid as the next version of {args.name} (settings from {conf})", file=sys.stderr)
+    return 0
+
+
+def _failed(prefix: str, reason: str) -> int:
+    print(f"{prefix}: {' '.join(reason.split())}", file=sys.stderr)
+    return 1
+
+
+def _source_and_settings(command: argparse.ArgumentParser) -> None:
+    """The arguments publish and validate share."""
+    command.add_argument("name", help="model name")
+    command.add_argument("source", type=Path, help=".keras / .h5 / .hdf5 file, SavedModel directory, or a directory "
+                                                   "holding one model (file or SavedModel) with handler.py and its files")
+    command.add_argument("--models", type=Path, help="model repository (default: $FORKSERVE_MODELS or ./models)")
+    command.add_argument("--conf", type=Path, help="the server's per-model settings, which the check applies "
+                                                   "(default: $FORKSERVE_CONF or ./conf/models.toml)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,11 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m server", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     pub = commands.add_parser("publish", help="validate a model and publish it as the next version")
-    pub.add_argument("name", help="model name")
-    pub.add_argument("source", type=Path, help=".keras / .h5 / .hdf5 file, SavedModel directory, or a directory holding one model "
-                                            "(file or SavedModel) with handler.py and its files")
-    pub.add_argument("--models", type=Path, help="model repository (default: $FORKSERVE_MODELS or ./models)")
+    _source_and_settings(pub)
+    pub.add_argument("--change-request-shape", action="store_true",
+                     help="publish even though the newest version has a handler.py and this one has none, or the reverse "
+                          "(the clients of the old request shape get 400 once it is served)")
     pub.set_defaults(run=_publish)
+    val = commands.add_parser("validate", help="check a model as publish would, without publishing it")
+    _source_and_settings(val)
+    val.set_defaults(run=_validate)
     rel = commands.add_parser("reload", help="rolling restart of a running server's workers")
     rel.add_argument("--pid", type=int, help="the gunicorn master's pid (checked against its run directory)")
     rel.add_argument("--run-dir", help="the server's FORKSERVE_RUN_DIR (holds gunicorn.pid); "

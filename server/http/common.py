@@ -29,7 +29,7 @@ log = logging.getLogger("forkserve.app")
 
 # curl -d sends form-urlencoded and TF Serving's docs use it, so that (and none) also means JSON.
 JSON_CONTENT_TYPES = frozenset({"", "application/json", "application/x-www-form-urlencoded", "text/plain"})
-REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # NOTE: used with fullmatch (`$` accepts a trailing "\n")
 
 
 class RequestIds:
@@ -56,7 +56,7 @@ REQUEST_IDS = RequestIds()
 
 def request_id_for(given: str) -> str:
     """The caller's X-Request-Id when it is sane, else a new one."""
-    return given if given and REQUEST_ID_RE.match(given) else REQUEST_IDS.new()
+    return given if given and REQUEST_ID_RE.fullmatch(given) else REQUEST_IDS.new()
 
 
 def is_json_type(mimetype: str, also: frozenset[str] = frozenset()) -> bool:

@@ -34,7 +34,8 @@ from server.http.common import (
 from server.settings import Settings
 from server.worker.registry import ModelRegistry, ModelVersion
 
-PREDICT_PATH_RE = re.compile(r"^/v1/models/([^/:]+)(?:/versions/([1-9][0-9]{0,17}))?:predict$")
+# NOTE: used with fullmatch: re.match with a final `$` also accepts a trailing "\n" (":predict%0A"), which Flask refuses.
+PREDICT_PATH_RE = re.compile(r"/v1/models/([^/:]+)(?:/versions/([1-9][0-9]{0,17}))?:predict")
 API = "tfserving_predict"
 REASONS = {code: f"{code} {phrase.upper()}" for code, phrase in HTTP_STATUS_CODES.items()}  # werkzeug's status lines
 
@@ -63,7 +64,7 @@ class FastPredict:
         """The version this request can be answered with here, or None: Flask answers it."""
         if environ.get("REQUEST_METHOD") != "POST" or "HTTP_TRANSFER_ENCODING" in environ:
             return None
-        match = PREDICT_PATH_RE.match(environ.get("PATH_INFO", ""))
+        match = PREDICT_PATH_RE.fullmatch(environ.get("PATH_INFO", ""))
         if match is None:
             return None
         model = self.registry.models.get(match[1])

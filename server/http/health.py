@@ -17,6 +17,6 @@ def healthz() -> Response:
 
 @blueprint.get("/readyz")
 def readyz() -> Response:
-    """Readiness: 200 once every model has a warm version; 503 naming what is loading or failed."""
+    """Readiness: 200 once loading is over and some model serves (strict: every model); each model's state and failures in the body."""
     ready, models = registry().readiness()
     return json_response({"status": "ready" if ready else "not ready", "models": models}, status=200 if ready else 503)

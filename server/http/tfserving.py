@@ -29,10 +29,10 @@ from server.worker.registry import ModelVersion
 
 blueprint = Blueprint("tfserving", __name__)
 
-PATH_RE = re.compile(
-    r"^(?P<name>[^/:]+)"
+PATH_RE = re.compile(  # NOTE: used with fullmatch (a final `$` with re.match accepts a trailing "\n")
+    r"(?P<name>[^/:]+)"
     r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-    r"(?:(?P<metadata>/metadata)|:(?P<verb>[A-Za-z]+))?/?$"
+    r"(?:(?P<metadata>/metadata)|:(?P<verb>[A-Za-z]+))?/?"
 )
 VERBS = ("predict", "classify", "regress")
 
@@ -45,7 +45,7 @@ def _verb_of(rest: str) -> str:
 
 def _parse_path(rest: str) -> tuple[str, int | None, str | None, str]:
     """`name[/versions/N|/labels/L][/metadata|:verb]` -> (name, version, label, action)."""
-    match = PATH_RE.match(rest)
+    match = PATH_RE.fullmatch(rest)
     if not match:
         raise NotFound(f"malformed request path /v1/models/{rest}")
     name, version = model_address(match["name"], match["version"])

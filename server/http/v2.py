@@ -49,7 +49,7 @@ def live() -> Response:
 
 @blueprint.get("/v2/health/ready")
 def ready() -> Response:
-    """200 when every model has a warm version; 400 otherwise (the protocol's "false")."""
+    """200 when the worker is ready as /readyz says; 400 otherwise (the protocol's "false")."""
     is_ready, models = registry().readiness()
     return json_response({"ready": is_ready, "models": models}, status=200 if is_ready else 400)
 

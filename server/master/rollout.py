@@ -218,7 +218,7 @@ class RolloutController:
         config = self.config.refresh()
         self.settled = self.scanner.scan(trust_all)
         self._tell_about_the_repository(config)
-        failed = read_failed(self.run_dir)
+        failed = self._fail_unloadable(config)
         usable, why_empty = {}, {}
         for name, sources in self.settled.items():
             usable[name] = [s for s in sources if not self._is_failed(s, failed, config)]
@@ -233,6 +233,16 @@ class RolloutController:
         self.unservable = target.unservable
         return target
 
+    def _fail_unloadable(self, config: ServerConfig) -> dict[str, dict[int, FailedVersion]]:
+        """Mark failed at once the settled versions no worker could load (unreadable, no model file, ambiguous): the failed versions."""
+        failed = read_failed(self.run_dir)
+        problems = {(s.model, s.version): s.problem for sources in self.settled.values() for s in sources
+                    if s.problem and not self._is_failed(s, failed, config)}
+        if not problems:
+            return failed
+        self._mark_failed(problems)
+        return read_failed(self.run_dir)
+
     def _is_failed(self, source: VersionSource, failed: dict[str, dict[int, FailedVersion]], config: ServerConfig) -> bool:
         """Marked failed with the content the directory still has and the settings the model still has."""
         entry = failed.get(source.model, {}).get(source.version)
@@ -241,14 +251,10 @@ class RolloutController:
         return entry.content in ("", self.scanner.content_digest(source.path))
 
     def _tell_about_the_repository(self, config: ServerConfig) -> None:
-        """Log once each: entries a model directory ignores, versions that cannot load, settings for no model."""
+        """Log once each: entries a model directory ignores, settings for a model the repository lacks."""
         for name, sources in self.settled.items():
             for entry, why in stray_entries(self.scanner.models_dir / name).items():
                 self._tell_once(("stray", name, entry, why), "forkserve: model %s: %s %s", name, entry, why)
-            for source in sources:
-                if source.problem:
-                    self._tell_once(("problem", str(source.path), source.problem),
-                                    "forkserve: model %s version %s cannot be loaded: %s", name, source.version, source.problem)
         for name in sorted(set(config.models) - set(self.settled)):
             self._tell_once(("settings", name, self.config.path.name),
                             "forkserve: %s has settings for model %s, but the repository has no model %s "
@@ -275,6 +281,8 @@ class RolloutController:
 
     def _publish(self, target: Target) -> None:
         """Write the target with the configuration problem and the unservable models of the moment."""
+        for name in set(self._published_reports[1]) | set(self.unservable):
+            record_metric(lambda m, name=name: m.MODEL_UNSERVABLE.labels(name).set(1 if name in self.unservable else 0))
         self._published_reports = (self.config.problem, self.unservable)
         write_target(self.run_dir, dataclasses.replace(target, config_problem=self.config.problem,
                                                        unservable=self.unservable))
@@ -488,13 +496,17 @@ class RolloutController:
         return set(blamed)
 
     def _forget_recovered(self, served: set[VersionKey]) -> dict[str, dict[int, FailedVersion]]:
-        """Drop failed marks of versions a live worker serves now (tried again after a change): the failed versions left."""
+        """Drop failed marks of versions served now (tried again after a change) or removed: the failed versions left."""
         failed = read_failed(self.run_dir)
+        models_dir = self.scanner.models_dir
         recovered = [(m, v) for m, versions in failed.items() for v in versions if (m, v) in served]
-        if recovered:
-            for model, version in recovered:
-                del failed[model][version]
-                log.info("forkserve: model %s version %s, once failed, is served now", model, version)
+        removed = [(m, v) for m, versions in failed.items() for v in versions if not (models_dir / m / str(v)).is_dir()]
+        for model, version in recovered:
+            log.info("forkserve: model %s version %s, once failed, is served now", model, version)
+        for model, version in set(recovered) | set(removed):
+            del failed[model][version]
+            record_metric(lambda m, k=(model, str(version)): m.VERSION_FAILED.labels(*k).set(0))
+        if recovered or removed:
             write_failed(self.run_dir, failed)
         return failed
 
@@ -522,6 +534,7 @@ class RolloutController:
             self.strikes.clear((model, version))
             log.error("forkserve: model %s version %s marked failed: %s", model, version, reason)
             record_metric(lambda m, k=(model, str(version)): m.ROLLOUT_FAILED_VERSIONS.labels(*k).inc())
+            record_metric(lambda m, k=(model, str(version)): m.VERSION_FAILED.labels(*k).set(1))
         write_failed(self.run_dir, failed)
 
 

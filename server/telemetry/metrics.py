@@ -143,6 +143,14 @@ REJECTED_REQUESTS = Counter(
     ["model", "reason"],
 )
 
+# --- connections (worker, main and closer threads) ---
+CONNECTION_CLOSES = Counter(
+    "forkserve_connection_closes",
+    "Connections closed after an answer with Connection: close or an unread body, by how: lingered (the client "
+    "closed first), cut_short (it still sent after 5 s or 64 MiB) or at_once (64 closes were lingering already).",
+    ["how"],
+)
+
 # --- workers (master and worker) ---
 WORKERS_ALIVE = Gauge(
     "forkserve_workers_alive", "Worker processes that finished booting and are alive.", multiprocess_mode="livesum",
@@ -179,6 +187,14 @@ RUN_DIR_WRITE_ERRORS = Counter(
 )
 for _file in write_errors.FILES:  # every series in each process's file from the start: a full disk cannot refuse them later
     RUN_DIR_WRITE_ERRORS.labels(_file)
+VERSION_FAILED = Gauge(
+    "forkserve_version_failed", "1 while the master marks a model version failed (never served; the reason is in its status).",
+    ["model", "version"], multiprocess_mode="livemax",
+)
+MODEL_UNSERVABLE = Gauge(
+    "forkserve_model_unservable", "1 while nothing of a model in the repository can be served (the reason is in /readyz).",
+    ["model"], multiprocess_mode="livemax",
+)
 CONFIG_LAST_RELOAD_SUCCESSFUL = Gauge(
     "forkserve_config_last_reload_successful",
     "1 when conf/models.toml as last read is valid, 0 while the master keeps the last good configuration.",

@@ -295,6 +295,9 @@ class ModelRegistry:
             "model %s version %s (%s) loaded and warmed (%d calls) in %.2fs",
             entry.name, entry.version, entry.source.format, calls, entry.load_seconds,
         )
+        for signature, why in getattr(servable, "unwarmed", {}).items():
+            log.info("model %s version %s: signature %s not warmed (%s); its first requests trace it",
+                     entry.name, entry.version, signature, why)
         return True
 
     @staticmethod

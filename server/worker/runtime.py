@@ -78,24 +78,38 @@ class Servable:
         return 0
 
     def warm_up(self, batch_sizes: list[int]) -> int:
-        """Call every numeric signature at each batch size it will see; returns calls made."""
+        """Call every signature at each batch size it will see; returns calls made.
+
+        Numeric inputs get zeros, string inputs empty strings. A signature that refuses empty
+        strings (a tf.Example parser with required features) or has inputs of unknown rank is
+        not warmed: `unwarmed` says why, and its first requests trace instead.
+        """
         calls = 0
+        self.unwarmed: dict[str, str] = {}
         for signature in self.signatures.values():
-            if any(t.dtype == "string" or t.shape is None for t in signature.inputs.values()):
-                continue  # tf.Example inputs: no generic dummy value exists
-            sizes = batch_sizes if signature.batchable else [None]
-            for size in sizes:
-                dummy = {
-                    name: np.zeros(
-                        tuple((size if size is not None else 1) if d is None else d for d in info.shape),
-                        dtype=info.dtype,
-                    )
-                    for name, info in signature.inputs.items()
-                    if info.shape is not None
-                }
-                self.run(signature.name, dummy)
+            if any(t.shape is None for t in signature.inputs.values()):
+                self.unwarmed[signature.name] = "an input of unknown rank"
+                continue
+            strings = any(t.dtype == "string" for t in signature.inputs.values())
+            for size in batch_sizes if signature.batchable else [None]:
+                try:
+                    self.run(signature.name, _dummy_inputs(signature, size))
+                except ApiError as exc:
+                    if not strings:
+                        raise  # zeros must go through a numeric model: it is broken
+                    self.unwarmed[signature.name] = f"empty strings refused ({exc.message})"
+                    break
                 calls += 1
         return calls
+
+
+def _dummy_inputs(signature: SignatureInfo, size: int | None) -> dict[str, np.ndarray]:
+    """Zeros (numbers) or empty strings of each input's shape, `size` rows (None: the shape as it is)."""
+    dummy = {}
+    for name, info in signature.inputs.items():
+        shape = tuple((size if size is not None else 1) if d is None else d for d in info.shape or ())
+        dummy[name] = np.full(shape, b"", dtype=object) if info.dtype == "string" else np.zeros(shape, dtype=info.dtype)
+    return dummy
 
 
 class KerasServable(Servable):

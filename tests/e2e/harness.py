@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -59,6 +60,7 @@ class Server:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     new_session: bool = False  # its own process group, as a terminal's foreground job has
+    user: str | None = None  # run as this user (setpriv; its directories must be reachable by it)
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -82,6 +84,10 @@ class Server:
             str(GUNICORN), "-c", "gunicorn.conf.py",
             "-b", f"127.0.0.1:{self.port}", "-w", str(self.workers), *self.extra_args,
         ]
+        if self.user is not None:
+            account = pwd.getpwnam(self.user)
+            command = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", *command]
+            env["HOME"] = str(self.run_dir)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=self.new_session)

@@ -25,14 +25,17 @@ def nginx_binary() -> str:
 
 
 class Nginx:
-    """conf/NAME with its listen port and upstream servers pointed at test instances."""
+    """conf/NAME with its listen port and upstream servers pointed at test instances (and `locations` added to its server)."""
 
-    def __init__(self, work: Path, upstream_ports: list[int], conf_name: str = "nginx.conf") -> None:
+    def __init__(self, work: Path, upstream_ports: list[int], conf_name: str = "nginx.conf", locations: str = "") -> None:
         self.work = work
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         text = (ROOT / "conf" / conf_name).read_text()
         text = text.replace("listen 127.0.0.1:8080;", f"listen 127.0.0.1:{self.port};")
+        if locations:
+            assert text.count("        location / {") == 1
+            text = text.replace("        location / {", f"{locations}\n        location / {{")
         shipped = re.findall(r"server 127\.0\.0\.1:(\d+)", text)
         assert len(shipped) == len(upstream_ports), (shipped, upstream_ports)
         for old, new in zip(shipped, upstream_ports):

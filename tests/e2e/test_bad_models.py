@@ -46,8 +46,8 @@ def test_broken_latest_version_falls_back_to_the_previous_one(server: Server) ->
 
 
 def test_readyz_names_the_failed_models_and_liveness_stays_ok(server: Server) -> None:
-    ready = server.get("/readyz")
-    assert ready.status_code == 503
+    ready = server.get("/readyz")  # the models that serve keep the worker ready (strict readiness aside)
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
     models = ready.json()["models"]
     assert models["corrupt"]["serving"] == []
     assert "1" in models["corrupt"]["failed"]

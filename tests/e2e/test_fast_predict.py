@@ -63,6 +63,8 @@ CASES = {  # name: (path, body, headers)
     "missing version": ("/v1/models/mlp/versions/7:predict", b'{"instances": [' + str(ROW).encode() + b"]}", JSON),
     "failed version": ("/v1/models/fallback/versions/2:predict", b'{"instances": [' + str(ROW).encode() + b"]}", JSON),
     "unknown model": ("/v1/models/nope:predict", b'{"instances": [1.0]}', JSON),
+    "a newline after the verb": ("/v1/models/mlp:predict%0A", b'{"instances": [' + str(ROW).encode() + b"]}", JSON),
+    "a newline after the version": ("/v1/models/mlp/versions/1:predict%0A", b'{"instances": [' + str(ROW).encode() + b"]}", JSON),
 }
 COMPARED_HEADERS = ("Content-Type", "X-Model-Version", "Retry-After")
 

@@ -161,8 +161,8 @@ def test_metadata_openapi_and_v2_say_what_a_handler_model_takes(handled: Server)
 def test_publish_refuses_a_broken_handler_and_leaves_nothing(handled: Server, model_repo: Path, tmp_path: Path) -> None:
     source = version_dir(tmp_path, "candidate", 1, model_repo / "mlp" / "1" / "model.keras",
                          HANDLER.replace('example = {"features": [0.5] * 20}', 'example = {"features": [0.5] * 3}'))
-    done = subprocess.run([sys.executable, "-m", "server", "publish", "scored", str(source), "--models", str(handled.models_dir)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "server", "publish", "scored", str(source), "--models", str(handled.models_dir),
+                           "--conf", str(handled.conf_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "invalid model: handler: Handler.example failed" in done.stderr, done.stderr
     assert sorted(p.name for p in (handled.models_dir / "scored").iterdir() if p.name != ".publish.lock") == ["1"]
 
@@ -187,8 +187,9 @@ def test_a_rollout_to_a_new_handler_never_mixes_versions(handled: Server, model_
     with ThreadPoolExecutor(6) as pool:
         clients = [pool.submit(client) for _ in range(6)]
         try:
-            done = subprocess.run([sys.executable, "-m", "server", "publish", "scored", str(source),
-                                   "--models", str(handled.models_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+            done = subprocess.run([sys.executable, "-m", "server", "publish", "scored", str(source), "--models",
+                                   str(handled.models_dir), "--conf", str(handled.conf_path)],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
             assert done.returncode == 0 and done.stdout.strip() == "2", done.stderr
             wait_until(rolled_out, 180, "the rollout of version 2")
             finished = len(answers)

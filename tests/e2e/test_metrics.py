@@ -65,7 +65,8 @@ def quiet_samples(server: Server) -> dict:
     def unchanged() -> dict | None:
         nonlocal previous
         scrape = samples(server)
-        counts = {key: v for key, v in scrape.items() if key[0].endswith(("_total", "_count", "_sum"))}
+        counts = {key: v for key, v in scrape.items() if key[0].endswith(("_total", "_count", "_sum"))
+                  and not key[0].startswith("forkserve_connection_closes")}  # each scrape's own connection counts there
         same, previous = counts == previous, counts
         return scrape if same else None
 

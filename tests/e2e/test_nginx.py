@@ -28,11 +28,6 @@ def test_single_upstream_proxies_ids_versions_and_limits(server: Server, tmp_pat
         generated = requests.get(f"{nginx.url}/healthz", timeout=10).headers["X-Request-Id"]
         assert len(generated) == 32  # nginx's $request_id, passed to forkserve and echoed
         assert "rid=via-nginx-1 version=1" in nginx.access_log()
-        # The server's own limit (1 MiB in this test) answers first: nginx's 32m matches the default.
-        big = b'{"instances": [' + b"0.5," * (MAX_BODY_BYTES // 4) + b"0.5]}"
-        too_big = requests.post(f"{nginx.url}/v1/models/mlp:predict", data=big,
-                                headers={"Content-Type": "application/json"}, timeout=30)
-        assert too_big.status_code == 413 and too_big.json() == {"error": too_big.json()["error"]}
         assert requests.get(f"{nginx.url}/metrics", timeout=10).status_code == 200  # loopback is allowed
     finally:
         nginx.stop()
@@ -40,6 +35,35 @@ def test_single_upstream_proxies_ids_versions_and_limits(server: Server, tmp_pat
         conf = (Path(__file__).resolve().parents[2] / "conf" / name).read_text()
         megabytes = int(re.search(r"client_max_body_size (\d+)m;", conf)[1])
         assert megabytes * 1024 * 1024 == DEFAULT_MAX_BODY_BYTES  # nginx and forkserve refuse the same bodies
+
+
+def test_a_body_the_server_does_not_read_is_answered_through_nginx_every_time(server: Server, tmp_path: Path) -> None:
+    """413 over the server's limit (1 MiB here, below nginx's 32m) and 404 for an unknown model, never nginx's 502.
+
+    The worker answers before reading the body; closing with the rest unread reset the connection
+    while nginx was still sending it, and nginx answered 502 (half of 4 MiB bodies before the fix).
+    """
+    nginx = Nginx(tmp_path / "nginx", [server.port])
+    json_type = {"Content-Type": "application/json"}
+    try:
+        statuses = []
+        for megabytes in (2, 4, 8) * 8:
+            big = b'{"instances": [' + b"0.5," * (megabytes * MAX_BODY_BYTES // 4) + b"0.5]}"
+            answer = requests.post(f"{nginx.url}/v1/models/mlp:predict", data=big, headers=json_type, timeout=30)
+            statuses.append(answer.status_code)
+            assert answer.status_code != 413 or set(answer.json()) == {"error"}
+        under_the_limit = b'{"instances": [' + b"0.5," * (MAX_BODY_BYTES // 5) + b"0.5]}"
+        for _ in range(8):
+            statuses.append(requests.post(f"{nginx.url}/v1/models/nope:predict", data=under_the_limit,
+                                          headers=json_type, timeout=30).status_code)
+        assert statuses == [413] * 24 + [404] * 8
+        # Over nginx's own limit: nginx answers, in forkserve's JSON shape.
+        huge = requests.post(f"{nginx.url}/v1/models/mlp:predict", data=b"0" * (DEFAULT_MAX_BODY_BYTES + 1),
+                             headers=json_type, timeout=30)
+        assert huge.status_code == 413 and huge.headers["Content-Type"] == "application/json"
+        assert "32 MiB" in huge.json()["error"]
+    finally:
+        nginx.stop()
 
 
 @pytest.fixture()

@@ -55,6 +55,8 @@ def test_a_plain_predict_is_answered_here(fast: FastPredict, request_environ: di
     environ("/v1/models/mlp:classify"),
     environ("/v1/models/mlp:Predict"),
     environ("/v1/models/mlp:predict/"),
+    environ("/v1/models/mlp:predict\n"),  # `:predict%0A`: Flask's routing refuses it (404)
+    environ("/v1/models/mlp/versions/1:predict\n"),
     environ("/v1/models/mlp/labels/stable:predict"),
     environ("/v1/models/mlp/versions/2:predict"),  # END: Flask says why
     environ("/v1/models/mlp/versions/3:predict"),

@@ -373,3 +373,14 @@ def test_settings_for_a_model_the_repository_no_longer_has_are_logged_once(
         fx.controller.poll()
     told = [r.message for r in caplog.records if "settings for model renamed" in r.message]
     assert len(told) == 1 and "renamed or removed?" in told[0]
+
+
+def test_a_version_no_worker_could_load_is_failed_by_the_master_without_a_rollout(fx: Fixture) -> None:
+    before = set(fx.loaded())
+    nested = fx.models / "a" / "2" / "export"
+    nested.mkdir(parents=True)
+    (nested / "saved_model.pb").write_bytes(b"x")
+    fx.settle()
+    reason = read_failed(fx.run_dir)["a"][2].reason
+    assert reason.startswith("no model file") and "move the content of export/ up into 2/" in reason
+    assert set(fx.loaded()) == before and read_target(fx.run_dir).intended() == {"a": [1], "b": [4]}
