@@ -106,7 +106,7 @@ def test_full_run_dir_then_kill_9_a_worker(server: Server, run_dir: Path) -> Non
     assert any(f"workers/{replacement}.json" in line and "No space left on device" in line for line in lines), lines
     assert len(lines) == len(set(lines)), lines  # once per kind of problem in each process
     # Space again: the replacement's state file follows, and the master sees both workers loaded.
-    assert replacement in server.wait_workers_loaded(2, 30)
+    assert replacement in server.wait_workers_loaded(2, 60)
     assert server.get("/metrics").status_code == 200
 
 
@@ -125,7 +125,7 @@ def test_full_run_dir_when_a_worker_boots_ttin(server: Server, run_dir: Path) ->
         os.kill(server.process.pid, signal.SIGTTOU)
         wait_until(lambda: len(server.children()) == len(before), 60, "the master to retire a worker")
     assert server.process.poll() is None
-    assert sorted(server.wait_workers_loaded(2, 30)) == server.children()
+    assert sorted(server.wait_workers_loaded(2, 60)) == server.children()
 
 
 def test_read_only_run_dir_then_kill_9_a_worker(server: Server, run_dir: Path) -> None:
@@ -141,7 +141,7 @@ def test_read_only_run_dir_then_kill_9_a_worker(server: Server, run_dir: Path) -
     lines = problem_lines(server)
     assert any(f"workers/{replacement}.json" in line and "Read-only file system" in line for line in lines), lines
     assert len(lines) == len(set(lines)), lines
-    assert replacement in server.wait_workers_loaded(2, 30)
+    assert replacement in server.wait_workers_loaded(2, 60)
 
 
 def target_errors(server: Server) -> float:
@@ -155,7 +155,7 @@ def target_errors(server: Server) -> float:
 def test_a_reload_while_the_run_dir_is_full_waits_for_space(server: Server, run_dir: Path) -> None:
     """No rollout starts while the master cannot publish its target; the reload asked for meanwhile runs after."""
     assert server.process is not None
-    old = server.wait_workers_loaded(2, 30)
+    old = server.wait_workers_loaded(2, BOOT_TIMEOUT)
     with filled(run_dir):
         before = target_errors(server)
         os.kill(server.process.pid, signal.SIGHUP)
