@@ -4,10 +4,14 @@ Command-line flags override these (`-b 127.0.0.1:PORT`, `-w N`). This file runs 
 it must not import tensorflow or keras, directly or through what it imports.
 """
 
+from server.run_dir import RunDirError
 from server.settings import Settings
 
 _settings = Settings.current()
-_settings.export()  # NOTE: before the hooks import prometheus_client (multiprocess mode)
+try:
+    _settings.export()  # NOTE: before the hooks import prometheus_client (multiprocess mode)
+except RunDirError as exc:  # one line, not gunicorn's "Failed to read config file" and a traceback
+    raise SystemExit(f"forkserve: cannot start: {exc}") from None
 
 from server.master import hooks as master  # noqa: E402
 from server.telemetry.access_log import FORMAT  # noqa: E402

@@ -5,7 +5,7 @@
 | `flat_call_or_none` | TF: `ConcreteFunction._inference_function`, `execute.quick_execute` | `ConcreteFunction.__call__` |
 | `observe_many` | prometheus_client: a histogram child's `_upper_bounds`, `_buckets`, `_sum` | `observe()` per value |
 | `is_histogram` | prometheus_client: `metric._type` | `isinstance(metric, Histogram)` |
-| `reserve_metric_file_blocks` | prometheus_client: `MmapedDict.__init__`, `_init_value`, `_f`, `_capacity`, `_used` | none: sparse files (SIGBUS on a full disk) |
+| `reserve_metric_file_blocks` | prometheus_client: `MmapedDict.__init__`, `_init_value`, `_f`, `_capacity`, `_used`, `mmap_dict._INITIAL_MMAP_SIZE` | none: sparse files (SIGBUS on a full disk) |
 | `send_responses_in_one_write` | gunicorn: `http.wsgi.Response`, replaced for `wsgi.create` | headers and body in two writes |
 | `ForkserveWorker.worker_connections`, `.max_keepalived` (server/worker/gthread.py) | gunicorn: gthread's loop reads `worker_connections` once per pass, `handle_request` reads `max_keepalived` per request | none: unbalanced connections (tests/e2e/test_connection_balance.py fails) |
 | `ForkserveWorker.finish_request` (server/worker/gthread.py) | gunicorn: gthread's `finish_request` closes a finished connection with `conn.close(graceful=True)` on the main thread; `conn.sock` | the close lingers on the main thread (up to 2 s per slow client) and drains 64 KiB at most (an unread larger body: a reset, nginx's 502) |
@@ -148,26 +148,31 @@ def observe_many(child: Any, values: list[float]) -> None:
 
 
 def reserve_metric_file_blocks() -> bool:
-    """Make prometheus_client allocate its mmapped files' blocks up front (posix_fallocate); False if not possible.
+    """Make prometheus_client allocate its mmapped files' blocks before it maps them (posix_fallocate); False if not possible.
 
-    NOTE: it grows its files with truncate, which leaves them sparse: on a full disk the first
-    write to a new page is a SIGBUS that kills the worker. With the blocks reserved first, a full
-    disk is an OSError at file creation or growth, which metrics.record turns into a lost update.
+    NOTE: it creates and grows its files with truncate, which leaves them sparse, and maps them at
+    once: on a full tmpfs the first touch of a page (its own read of the header, at creation) is a
+    SIGBUS that kills the process, the master included (it creates the archives, server.telemetry.files).
+    With the blocks reserved before the map, a full disk is an OSError at file creation or growth,
+    which metrics.record turns into a lost update. A file this leaves empty is removed: scrapes
+    cannot parse an empty file.
     """
-    from prometheus_client.mmap_dict import MmapedDict
+    from prometheus_client import mmap_dict
 
+    MmapedDict = mmap_dict.MmapedDict
     if getattr(MmapedDict, "_forkserve_reserved", False):
         return True
     if not verified("prometheus-client"):
         return False
+    initial_size = mmap_dict._INITIAL_MMAP_SIZE
     original_init, original_init_value = MmapedDict.__init__, MmapedDict._init_value
 
-    def init(self: MmapedDict, filename: str, read_mode: bool = False) -> None:
-        original_init(self, filename, read_mode)
+    def init(self: Any, filename: str, read_mode: bool = False) -> None:
         if not read_mode:
-            os.posix_fallocate(self._f.fileno(), 0, self._capacity)
+            _reserve_blocks(filename, initial_size)
+        original_init(self, filename, read_mode)
 
-    def init_value(self: MmapedDict, key: str) -> None:
+    def init_value(self: Any, key: str) -> None:
         encoded = len(key.encode("utf-8"))
         needed = self._used + 4 + encoded + (8 - (encoded + 4) % 8) + 16
         capacity = self._capacity
@@ -180,6 +185,21 @@ def reserve_metric_file_blocks() -> bool:
     MmapedDict.__init__, MmapedDict._init_value = init, init_value
     MmapedDict._forkserve_reserved = True
     return True
+
+
+def _reserve_blocks(filename: str, initial: int) -> None:
+    """Create `filename` if needed and allocate every block of it, at least `initial` bytes; remove it if it stays empty."""
+    fd = os.open(filename, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            os.posix_fallocate(fd, 0, max(size, initial))
+        except OSError:
+            if size == 0:
+                os.unlink(filename)
+            raise
+    finally:
+        os.close(fd)
 
 
 # --- gunicorn (workers only) -------------------------------------------------------------------

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from server import run_dir as run_directory
 
 DEFAULT_BIND = "127.0.0.1:8000"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -81,6 +84,12 @@ def _pin_mode(raw: str) -> str:
     return mode
 
 
+def _without_last_link(given: str) -> Path:
+    """An absolute path with its parent resolved and its last part kept: a symlink there is refused, not followed."""
+    path = Path(os.path.abspath(given))
+    return path.parent.resolve() / path.name if path.name else path
+
+
 _current: "Settings | None" = None
 
 
@@ -103,7 +112,7 @@ class Settings:
     balance_connections: bool  # workers shed keep-alive connections above an even share (server.connection_board)
     fast_predict: bool  # TF Serving predict without a handler skips Flask's request machinery (server.http.fast_predict)
     slow_request_ms: float  # log the stage times of inference requests slower than this inside the worker (0: never)
-    run_dir: Path  # worker state files and the metrics directory; one per instance
+    run_dir: Path  # worker state files and the metrics directory; one per instance (server.run_dir)
     metrics_dir: Path  # prometheus_client multiprocess directory
     multiprocess_metrics: bool  # PROMETHEUS_MULTIPROC_DIR is set (always under gunicorn.conf.py)
     poll_interval: float  # seconds between repository scans in the master
@@ -118,9 +127,12 @@ class Settings:
     def from_env(cls) -> "Settings":
         """Build settings from FORKSERVE_* variables with documented defaults."""
         cpus = available_cpus()
-        run_dir = Path(
-            os.environ.get("FORKSERVE_RUN_DIR") or Path(tempfile.gettempdir()) / f"forkserve-{os.getpid()}"
-        ).resolve()
+        given = os.environ.get("FORKSERVE_RUN_DIR")
+        # NOTE: the default name is unpredictable, and export() makes it with O_EXCL semantics (mkdir):
+        # another local user can neither plant it nor anything in it. Nothing is created here.
+        run_dir = _without_last_link(given) if given else (
+            Path(tempfile.gettempdir()).resolve() / f"{run_directory.PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
+        multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         return cls(
             models_dir=Path(os.environ.get("FORKSERVE_MODELS", "models")).resolve(),
             conf_path=Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve(),
@@ -138,8 +150,8 @@ class Settings:
             fast_predict=_env_flag("FORKSERVE_FAST_PREDICT"),
             slow_request_ms=_env_milliseconds("FORKSERVE_SLOW_REQUEST_MS", 1000.0),
             run_dir=run_dir,
-            metrics_dir=Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics").resolve(),
-            multiprocess_metrics=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
+            metrics_dir=Path(multiproc_dir).resolve() if multiproc_dir else run_dir / "metrics",  # never through a link in the run directory
+            multiprocess_metrics=bool(multiproc_dir),
             poll_interval=_env_seconds("FORKSERVE_POLL_INTERVAL", 2.0),
             boot_timeout=_env_seconds("FORKSERVE_BOOT_TIMEOUT", 300.0),
             pin_cpus=_pin_mode(os.environ.get("FORKSERVE_PIN_CPUS", "auto")),
@@ -162,14 +174,15 @@ class Settings:
         return _current
 
     def export(self) -> None:
-        """Master only: pin derived paths in the environment so forked workers agree with it.
+        """Master only: make or check the run directory (server.run_dir), and pin the paths in the environment for the workers.
 
+        Raises run_dir.RunDirError (one line: the directory and the errno) when it cannot be used.
         NOTE: must run before prometheus_client is first imported: it picks its multiprocess
         value class from PROMETHEUS_MULTIPROC_DIR at import time.
         """
+        run_directory.prepare(self.run_dir, self.metrics_dir)
         os.environ["FORKSERVE_RUN_DIR"] = str(self.run_dir)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
-        self.metrics_dir.mkdir(parents=True, exist_ok=True)
 
     def pins_for(self, workers: int) -> bool:
         """Whether to pin `workers` workers; auto: when each gets whole CPUs and no cgroup quota is narrower than the mask.

@@ -8,15 +8,24 @@
 | `workers/<pid>.exit` (here) | worker: the reason of an orderly exit | master (child_exit) |
 
 Every JSON file is replaced by rename, so a reader sees the old content or the new, never half.
+A write the run directory refuses (full, read-only, not permitted) is reported once per kind
+(server.telemetry.write_errors) and costs that file only: the worker state files are best effort
+(a worker serves without one), the master's files raise for the caller to decide.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from server import run_dir as run_directory
+from server.telemetry import write_errors
 
 LOADING, LOADED = "loading", "loaded"
 
@@ -26,12 +35,45 @@ def workers_dir(run_dir: Path) -> Path:
     return run_dir / "workers"
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Replace a JSON file atomically (a reader sees the old content or the new, never half)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, sort_keys=True))
-    os.replace(temporary, path)
+def write_json(path: Path, data: Any, file: str | None = None) -> None:
+    """Replace a JSON file atomically (a reader sees the old content or the new, never half).
+
+    A failure is reported as a failed write of `file` (default: the file's stem, "target" or
+    "failed") and raised. The temporary file is made with mkstemp (O_EXCL): a name planted in
+    the directory is never followed.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                os.fchmod(handle.fileno(), 0o644)
+                handle.write(json.dumps(data, sort_keys=True))
+            os.replace(temporary, path)
+        except BaseException:
+            _remove(Path(temporary))
+            raise
+    except OSError as exc:
+        write_errors.report(file or path.stem, path, exc)
+        raise
+
+
+def _remove(path: Path) -> None:
+    """Best effort: remove a file (a read-only directory keeps it)."""
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def run_dir_writable(run_dir: Path) -> bool:
+    """Master, before a rollout pass: whether target.json and failed.json could be written now (reported if not)."""
+    try:
+        run_directory.probe(run_dir)
+    except OSError as exc:
+        write_errors.report(write_errors.TARGET, run_dir / "target.json", exc)
+        return False
+    return True
 
 
 def read_json(path: Path) -> Any:
@@ -101,9 +143,39 @@ class WorkerState:
         )
 
 
-def write_worker_state(run_dir: Path, state: WorkerState) -> None:
-    """Worker: publish its progress or outcome."""
-    write_json(workers_dir(run_dir) / f"{state.pid}.json", state.to_json())
+def write_worker_state(run_dir: Path, state: WorkerState) -> bool:
+    """Worker: publish its progress or outcome; False (reported) when the run directory refused it.
+
+    NOTE: a refused write also removes what the file said before (when it can): the master would
+    take a stale "loading" for where the worker is, and blame that version for its death.
+    """
+    path = workers_dir(run_dir) / f"{state.pid}.json"
+    try:
+        write_json(path, state.to_json(), write_errors.WORKER_STATE)
+    except OSError:
+        _remove(path)
+        return False
+    return True
+
+
+def publish_worker_state(run_dir: Path, state: WorkerState, retry_every: float = 5.0) -> None:
+    """Worker, once loaded: publish the outcome, and if the run directory refuses, keep trying in a thread until it takes it.
+
+    NOTE: an unpublished worker serves, but the master does not see it loaded (a rollout waits
+    for it, and child_exit counts its death against no version).
+    """
+    if write_worker_state(run_dir, state):
+        return
+
+    def retry() -> None:
+        while True:
+            time.sleep(retry_every)
+            if write_worker_state(run_dir, state):
+                write_errors.log.warning("forkserve: worker %s published its state at last: the master sees it loaded",
+                                         state.pid)
+                return
+
+    threading.Thread(target=retry, name="forkserve-state-retry", daemon=True).start()
 
 
 def read_worker_states(run_dir: Path) -> dict[int, WorkerState]:
@@ -123,20 +195,24 @@ def read_worker_states(run_dir: Path) -> dict[int, WorkerState]:
 
 
 def remove_worker_state(run_dir: Path, pid: int) -> None:
-    """Master: forget a worker that exited."""
+    """Master: forget a worker that exited (a directory that refuses is reported, never raised)."""
     for suffix in (".json", ".exit"):
+        path = workers_dir(run_dir) / f"{pid}{suffix}"
         try:
-            (workers_dir(run_dir) / f"{pid}{suffix}").unlink()
+            path.unlink()
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            write_errors.report(write_errors.CLEANUP, path, exc)
 
 
 def write_exit_reason(run_dir: Path, pid: int, reason: str) -> None:
-    """Worker: leave the reason of an orderly exit for the master to read."""
+    """Worker: leave the reason of an orderly exit for the master to read (the master counts "killed" without it)."""
+    path = workers_dir(run_dir) / f"{pid}.exit"
     try:
-        (workers_dir(run_dir) / f"{pid}.exit").write_text(reason)
-    except OSError:
-        pass  # the master then counts the exit as "killed"
+        path.write_text(reason)
+    except OSError as exc:
+        write_errors.report(write_errors.WORKER_EXIT, path, exc)
 
 
 def read_exit_reason(run_dir: Path, pid: int) -> str:

@@ -6,8 +6,9 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
+
+from server import run_dir as run_directory
 
 
 def _is_master(pid: int) -> bool:
@@ -20,18 +21,19 @@ def _is_master(pid: int) -> bool:
 
 
 def _recorded_pid(run_dir: Path) -> int | None:
-    """The master pid a run directory records, if that master still runs."""
-    try:
-        pid = int((run_dir / "gunicorn.pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _is_master(pid) else None
+    """The master pid a run directory records, if this user wrote the pid file (no symlink) and that master still runs."""
+    pid_file = run_dir / "gunicorn.pid"
+    pid = run_directory.trusted_pid(pid_file)
+    if pid is None and os.path.lexists(pid_file):
+        print(f"reload: ignoring {pid_file}: not a pid file this user wrote (a symlink, another user's file, "
+              "or no pid in it)", file=sys.stderr)
+    return pid if pid is not None and _is_master(pid) else None
 
 
 def running_masters(run_dir: str | None) -> dict[Path, int]:
-    """Running forkserve masters by run directory: the one given, $FORKSERVE_RUN_DIR, or every $TMPDIR/forkserve-*."""
+    """Running forkserve masters by run directory: the one given, $FORKSERVE_RUN_DIR, or this user's $TMPDIR/forkserve-*."""
     given = run_dir or os.environ.get("FORKSERVE_RUN_DIR")
-    candidates = [Path(given)] if given else sorted(Path(tempfile.gettempdir()).glob("forkserve-*"))
+    candidates = [Path(given)] if given else run_directory.candidates()
     found = {}
     for directory in candidates:
         pid = _recorded_pid(directory)

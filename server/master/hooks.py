@@ -12,15 +12,16 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
-from typing import Any
+from typing import Any, NoReturn
 
 from server import compat, connection_board
+from server import run_dir as run_directory
 from server.config import ConfigError, ServerConfig, load_config
 from server.master import cpus
 from server.settings import Settings
 from server.state import read_exit_reason, remove_worker_state, workers_dir
 from server.target import FAILED_FILE, TARGET_FILE
+from server.telemetry import write_errors
 
 log = logging.getLogger("forkserve.master")
 
@@ -32,26 +33,25 @@ def on_starting(server: Any) -> None:
     """Master, before the listeners open: refuse to start on a bad configuration, prepare the run directory."""
     global _start_config
     settings = Settings.current()
-    settings.export()
     _share_gunicorn_log(server)
+    try:
+        settings.export()  # gunicorn.conf.py did it already: a check that the run directory is still usable
+    except run_directory.RunDirError as exc:
+        _refuse_to_start(server, exc)
     atexit.register(_clean_run_dir_after_failed_start, os.getpid())
     try:
         _start_config = load_config(settings.conf_path)
         if not settings.models_dir.is_dir():
             raise ConfigError(f"model repository {settings.models_dir} is not a directory (FORKSERVE_MODELS)")
+        for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
+            run_directory.reset_directory(directory)  # a planted symlink is removed, never followed
+        # NOTE: import the metric definitions now, after the wipe: workers inherit the module already
+        # initialised, so a metrics directory that breaks later can never fail a worker's app import.
+        from server.telemetry import metrics  # noqa: F401
     except ConfigError as exc:
-        # NOTE: one line, not gunicorn's traceback; SystemExit leaves gunicorn's start quietly.
-        server.log.error("forkserve: cannot start: %s", exc)
-        if getattr(server, "pidfile", None) is not None:
-            server.pidfile.unlink()
-        raise SystemExit(1) from None
-    for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True, exist_ok=True)
-    # NOTE: import the metric definitions now, after the wipe: workers inherit the module already
-    # initialised, so a metrics directory that breaks later can never fail a worker's app import.
-    from server.telemetry import metrics  # noqa: F401
-
+        _refuse_to_start(server, exc)
+    except OSError as exc:
+        _refuse_to_start(server, f"run directory {settings.run_dir}: {exc}")
     if settings.balance_connections and compat.verified("gunicorn"):  # relies on gthread's internals (compat)
         connection_board.create(slots=max(connection_board.SLOTS, 2 * server.cfg.workers + 2))  # room for TTIN and rollouts
     server.log.info(
@@ -59,6 +59,14 @@ def on_starting(server: Any) -> None:
         settings.models_dir, settings.conf_path, server.cfg.workers, server.cfg.threads, settings.cpus,
     )
     server.log.info("forkserve: run directory %s", settings.run_dir)
+
+
+def _refuse_to_start(server: Any, why: object) -> NoReturn:
+    """One line, not gunicorn's traceback; SystemExit leaves gunicorn's start quietly."""
+    server.log.error("forkserve: cannot start: %s", why)
+    if getattr(server, "pidfile", None) is not None:
+        server.pidfile.unlink()
+    raise SystemExit(1) from None
 
 
 def when_ready(server: Any) -> None:
@@ -103,9 +111,9 @@ def child_exit(server: Any, worker: Any) -> None:
     metrics.record(lambda: metrics.WORKER_EXITS.labels(reason).inc())
     try:
         files.compact_dead_process(settings.metrics_dir, worker.pid)
-    except OSError as exc:  # a full disk or a removed directory degrades metrics, not serving
-        server.log.warning("forkserve: could not fold metrics of worker %s: %s", worker.pid, exc)
-    remove_worker_state(settings.run_dir, worker.pid)
+    except OSError as exc:  # a full, read-only or removed directory degrades metrics, never the master
+        write_errors.report(write_errors.METRICS_ARCHIVE, settings.metrics_dir, exc)
+    remove_worker_state(settings.run_dir, worker.pid)  # reports what it cannot remove, never raises
     if connection_board.BOARD is not None and getattr(worker, "forkserve_slot", None) is not None:
         connection_board.BOARD.release(worker.forkserve_slot)  # a SIGKILLed worker could not
 
@@ -119,11 +127,14 @@ def _share_gunicorn_log(server: Any) -> None:
 
 
 def _remove_run_files(settings: Settings) -> None:
-    """Remove what forkserve made in the run directory, and the directory itself when that empties it."""
+    """Remove what forkserve made in the run directory, and the directory itself when that empties it.
+
+    Best effort (a read-only directory keeps what it has), and never through a symlink.
+    """
     for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
-        shutil.rmtree(directory, ignore_errors=True)
+        run_directory.remove_tree(directory)
     for name in (TARGET_FILE, FAILED_FILE, "gunicorn.pid"):
-        (settings.run_dir / name).unlink(missing_ok=True)
+        run_directory.remove_file(settings.run_dir / name)
     try:
         settings.run_dir.rmdir()  # only when empty: a run directory the user gave may hold more
     except OSError:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from server.master.fleet import Fleet
 from server.master.scanner import SettledScanner
 from server.master.strikes import Strikes, VersionKey
 from server.repository import VersionSource, stray_entries
-from server.state import WorkerState, read_worker_states
+from server.state import WorkerState, read_worker_states, run_dir_writable
 from server.target import (
     FailedVersion,
     Target,
@@ -53,23 +52,15 @@ from server.target import (
 
 log = logging.getLogger("forkserve.rollout")
 
-# NOTE: gunicorn forks workers from the master's main thread while this thread may be writing a
-# metric under prometheus_client's global lock; a child forked at that moment would inherit the
-# lock held and hang at its first metric. Forks wait for this lock, held around every write here.
-_metric_writes = threading.Lock()
-os.register_at_fork(before=_metric_writes.acquire, after_in_parent=_metric_writes.release,
-                    after_in_child=_metric_writes.release)
-
 SUCCEEDED, VERSIONS_FAILED, WORKER_LOST = "succeeded", "versions failed", "worker lost"
 SETTLE_WAIT_POLLS = 10  # a rollout waits this many polls at most for directories still being copied
 
 
 def record_metric(update: Callable[[Any], object]) -> None:
-    """Apply `update(metrics module)` under the fork lock (master only)."""
+    """Apply `update(metrics module)` (metrics.record holds the fork lock: this thread writes while the main thread forks)."""
     from server.telemetry import metrics
 
-    with _metric_writes:
-        metrics.record(lambda: update(metrics))
+    metrics.record(lambda: update(metrics))
 
 
 @dataclass(frozen=True)
@@ -175,6 +166,8 @@ class RolloutController:
 
     def poll(self) -> None:
         """One pass: count deaths, re-read the configuration and the repository, roll if needed."""
+        if not run_dir_writable(self.run_dir):  # reported once; reloads asked for meanwhile wait for it
+            return
         with self._lock:
             forced = self._reloads_requested != self._reloads_handled
             self._reloads_handled = self._reloads_requested

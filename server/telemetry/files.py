@@ -6,6 +6,10 @@ issues 204, 367). When the master reaps a worker (child_exit) it adds that worke
 histogram values into `counter_archive.db` / `histogram_archive.db` and deletes its files: the
 directory holds the live workers' files plus two archives, however many workers came and went.
 A file lock keeps a scrape from seeing a value in both places or in neither.
+
+Folding one file is all or nothing on a full or read-only disk: the archive makes room for every
+key first (the step that can fail), the dead file goes next, and only then are values added (writes
+into blocks already reserved, which cannot fail). A fold that fails leaves both files as they were.
 """
 
 from __future__ import annotations
@@ -22,17 +26,21 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 ADDITIVE_TYPES = ("counter", "histogram")
 LOCK_NAME = ".compaction.lock"
+HEADER_BYTES = 8  # a value file's header (bytes used, padding); a shorter file holds nothing
 
 
 @contextmanager
 def _locked(directory: Path, exclusive: bool) -> Iterator[None]:
-    """Hold the directory's lock: shared while scraping, exclusive while compacting."""
-    with open(directory / LOCK_NAME, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """Hold the directory's lock: shared while scraping, exclusive while compacting.
+
+    Opened for reading: a lock file that exists can be locked in a read-only directory too.
+    """
+    fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def scrape(directory: Path) -> bytes:
@@ -51,14 +59,20 @@ def compact_dead_process(directory: Path, pid: int) -> int:
             dead = directory / f"{kind}_{pid}.db"
             if not dead.exists():
                 continue
+            if dead.stat().st_size < HEADER_BYTES:  # killed between creating its file and reserving it: no values
+                os.remove(dead)
+                removed += 1
+                continue
+            values = list(MmapedDict.read_all_values_from_file(str(dead)))
             archive = MmapedDict(str(directory / f"{kind}_archive.db"))
             try:
-                for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(str(dead)):
-                    total, _ = archive.read_value(key)
-                    archive.write_value(key, total + value, timestamp)
+                totals = {key: archive.read_value(key)[0] for key, _, _, _ in values}  # room for new keys: may fail
+                os.remove(dead)
+                for key, value, timestamp, _ in values:
+                    totals[key] += value
+                    archive.write_value(key, totals[key], timestamp)
             finally:
                 archive.close()
-            os.remove(dead)
             removed += 1
         mark_process_dead(pid, str(directory))  # drops the live* gauge files of that pid
     return removed

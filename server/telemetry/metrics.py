@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from server import compat
 from server.settings import Settings
+from server.telemetry import write_errors
 
 log = logging.getLogger("forkserve.metrics")
 
@@ -34,7 +36,11 @@ def _ensure_directory() -> None:
 
 
 _ensure_directory()
-_failing = False
+# NOTE: the master forks workers from its main thread while its rollout thread may be writing a
+# metric under prometheus_client's global lock; a child forked then would inherit that lock held
+# and hang at its first metric. Every write takes this lock, and so does every fork.
+_writes = threading.Lock()
+os.register_at_fork(before=_writes.acquire, after_in_parent=_writes.release, after_in_child=_writes.release)
 
 
 def _raised_by_prometheus_client(exc: BaseException) -> bool:
@@ -45,31 +51,41 @@ def _raised_by_prometheus_client(exc: BaseException) -> bool:
     return trace is not None and f"{os.sep}prometheus_client{os.sep}" in trace.tb_frame.f_code.co_filename
 
 
-def record(update: Callable[[], object]) -> None:
-    """Apply one metric update; a broken metrics directory (removed, a file, disk full) costs the update only.
-
-    NOTE: multiprocess values live in mmapped files under PROMETHEUS_MULTIPROC_DIR. A write that
-    opens or grows a file fails with an OSError when the directory is gone or the disk is full;
-    after a worker's first write failed to reopen its files (prometheus_client reopens them all
-    after fork), its values' maps stay closed and later writes fail inside prometheus_client with a
-    TypeError or ValueError. Those updates are dropped (the request or load they describe goes
-    on), the first loss is logged, and so is the first update that works again. Any other
-    exception is a bug and propagates.
-    """
-    global _failing
+def _apply(update: Callable[[], object]) -> BaseException | None:
+    """Apply one update; the error of a broken metrics directory is returned, any other propagates."""
     try:
-        update()
+        with _writes:
+            update()
     except (OSError, TypeError, ValueError) as exc:
         if not isinstance(exc, OSError) and not _raised_by_prometheus_client(exc):
             raise
-        if not _failing:
-            _failing = True
-            log.warning("metrics: updates are being dropped in this process until the metrics directory "
-                        "works again: %s", exc)
-        return
-    if _failing:
-        _failing = False
-        log.warning("metrics: the metrics directory works again; updates are recorded")
+        return exc
+    return None
+
+
+def record(update: Callable[[], object]) -> None:
+    """Apply one metric update; a broken metrics directory (removed, a file, read-only, full) costs the update only.
+
+    NOTE: multiprocess values live in mmapped files under PROMETHEUS_MULTIPROC_DIR. A write that
+    opens or grows a file fails with an OSError when the directory is gone, read-only or full
+    (compat.reserve_metric_file_blocks makes "full" an error instead of a SIGBUS); after a
+    worker's first write failed to reopen its files (prometheus_client reopens them all after
+    fork), the values whose files it did not reopen stay closed for the worker's life, and their
+    writes fail inside prometheus_client with a TypeError or ValueError. Those updates are dropped
+    (the request or load they describe goes on) and counted in
+    forkserve_run_dir_write_errors_total{file="metrics"} when that still can be; the OSError is
+    logged once per kind (server.telemetry.write_errors). Any other exception is a bug and propagates.
+    """
+    error = _apply(update)
+    if isinstance(error, OSError):
+        write_errors.report(write_errors.METRICS, error.filename or os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""), error)
+    elif error is not None:  # a value left closed by an OSError reported before
+        count_run_dir_write_error(write_errors.METRICS)
+
+
+def count_run_dir_write_error(file: str) -> None:
+    """Count one failed write in the run directory; lost silently when the metric's own file cannot be written."""
+    _apply(lambda: RUN_DIR_WRITE_ERRORS.labels(file).inc())
 
 # 100 µs .. 10 s, roughly 2.5x apart: resolves a 0.3 ms MLP call and a 5 s stall alike.
 LATENCY_BUCKETS = (
@@ -163,6 +179,14 @@ MODEL_VERSION_CHANGES = Counter(
     "forkserve_model_version_changes", "Files of a settled version that changed on disk (versions are immutable).",
     ["model", "version"],
 )
+RUN_DIR_WRITE_ERRORS = Counter(
+    "forkserve_run_dir_write_errors",
+    "Writes in the run directory that failed (disk full, read-only, not permitted), by file "
+    "(server.telemetry.write_errors).",
+    ["file"],
+)
+for _file in write_errors.FILES:  # every series in each process's file from the start: a full disk cannot refuse them later
+    RUN_DIR_WRITE_ERRORS.labels(_file)
 VERSION_FAILED = Gauge(
     "forkserve_version_failed", "1 while the master marks a model version failed (never served; the reason is in its status).",
     ["model", "version"], multiprocess_mode="livemax",

@@ -17,6 +17,7 @@ from server.state import (
     LOADED,
     ModelReport,
     WorkerState,
+    publish_worker_state,
     write_exit_reason,
     write_worker_state,
 )
@@ -68,7 +69,7 @@ def post_worker_init(worker: Any) -> None:
         return
     pid = os.getpid()
 
-    def loading(model: str, version: int) -> None:
+    def loading(model: str, version: int) -> None:  # best effort: a full run directory costs the progress report only
         write_worker_state(settings.run_dir, WorkerState(pid, registry.generation, loading=(model, version)))
 
     interval = min(5.0, max(0.2, worker.cfg.timeout / 4)) if worker.cfg.timeout else 5.0
@@ -91,7 +92,9 @@ def post_worker_init(worker: Any) -> None:
         name: ModelReport(list(entry["serving"]), {int(v): why for v, why in entry.get("failed", {}).items()})
         for name, entry in report.items()
     }
-    write_worker_state(settings.run_dir, WorkerState(pid, registry.generation, LOADED, None, ready, models))
+    # NOTE: never raises (R5): a run directory that refuses the file leaves this worker serving,
+    # unseen by the master until a retry gets the file written (server.state).
+    publish_worker_state(settings.run_dir, WorkerState(pid, registry.generation, LOADED, None, ready, models))
 
 
 def freeze_the_loaded_heap() -> int:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from server import compat
+from tests.e2e.filesystems import filled, tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,6 +56,28 @@ def test_metric_files_get_their_blocks_reserved(tmp_path: Path) -> None:
     size = os.stat(path).st_size
     assert size > 4096 and os.stat(path).st_blocks * 512 >= size  # allocated, not sparse
     values.close()
+
+
+RESERVE_ON_A_FULL_DISK = """
+import sys
+from server import compat
+assert compat.reserve_metric_file_blocks()
+from prometheus_client.mmap_dict import MmapedDict
+try:
+    MmapedDict(sys.argv[1])
+except OSError as exc:
+    print(exc.errno)
+"""
+
+
+def test_a_metric_file_on_a_full_disk_is_an_error_not_a_sigbus(tmp_path: Path) -> None:
+    """prometheus_client maps a sparse file and reads its header: on a full tmpfs that was a SIGBUS."""
+    with tmpfs(tmp_path / "small") as where, filled(where):
+        done = subprocess.run([sys.executable, "-c", RESERVE_ON_A_FULL_DISK, str(where / "counter_1.db")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"exit {done.returncode}: {done.stderr}"  # -7 is SIGBUS
+        assert done.stdout.strip() == str(errno.ENOSPC)
+        assert not (where / "counter_1.db").exists()  # no empty file left for a scrape to choke on
 
 
 class RecordingSocket:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 
@@ -46,7 +48,10 @@ def test_from_env_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> Non
     assert settings.inter_op_threads == 1
     assert settings.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 32 * 1024 * 1024
     assert settings.log_level == "info"
-    assert settings.run_dir == (Path(tempfile.gettempdir()) / f"forkserve-{os.getpid()}").resolve()
+    # Unpredictable, and nothing made until export(): `forkserve-<pid>-<random>` under $TMPDIR.
+    assert settings.run_dir.parent == Path(tempfile.gettempdir()).resolve()
+    assert re.fullmatch(rf"forkserve-{os.getpid()}-[0-9a-f]{{12}}", settings.run_dir.name)
+    assert not settings.run_dir.exists() and Settings.from_env().run_dir != settings.run_dir
 
 
 def test_from_env_reads_every_variable(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -92,6 +97,32 @@ def test_export_pins_derived_paths_for_forked_workers(clean_env: pytest.MonkeyPa
     clean_env.chdir(tmp_path.parent)  # a worker re-reading the environment gets the same directories
     again = Settings.from_env()
     assert (again.run_dir, again.metrics_dir) == (first.run_dir, first.metrics_dir)
+
+
+def test_the_default_run_dir_is_private_and_never_a_planted_one(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The predictable $TMPDIR/forkserve-<pid> another user planted (a symlink to the victim's files) is not used."""
+    clean_env.setattr(tempfile, "tempdir", str(tmp_path))
+    clean_env.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # so monkeypatch restores it after export() sets it
+    victim = tmp_path / "victim"
+    (victim / "metrics").mkdir(parents=True)
+    (victim / "metrics" / "keep.txt").write_text("mine")
+    (tmp_path / f"forkserve-{os.getpid()}").symlink_to(victim)
+    settings = Settings.from_env()
+    settings.export()
+    assert settings.run_dir.parent == tmp_path and settings.run_dir.name.startswith(f"forkserve-{os.getpid()}-")
+    assert stat.S_IMODE(os.lstat(settings.run_dir).st_mode) == 0o700 and not settings.run_dir.is_symlink()
+    assert settings.metrics_dir == settings.run_dir / "metrics" and settings.metrics_dir.is_dir()
+    assert sorted(p.name for p in victim.rglob("*")) == ["keep.txt", "metrics"]
+
+
+def test_a_given_run_dir_keeps_its_last_part_unresolved(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    clean_env.setenv("FORKSERVE_RUN_DIR", "link/run")  # a symlink in the parents is followed ...
+    assert Settings.from_env().run_dir == tmp_path / "real" / "run"
+    clean_env.setenv("FORKSERVE_RUN_DIR", "link")  # ... the last part is kept, for export() to refuse
+    assert Settings.from_env().run_dir == tmp_path / "link"
+    assert Settings.from_env().metrics_dir == tmp_path / "link" / "metrics"
 
 
 def test_zero_or_empty_counts_fall_back_to_defaults(clean_env: pytest.MonkeyPatch) -> None:

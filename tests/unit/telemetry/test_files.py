@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.telemetry.files import compact_dead_process, scrape
+from tests.e2e.filesystems import filled, tmpfs
 
 WORKER = """
 from prometheus_client import Counter, Gauge, Histogram
@@ -52,3 +54,37 @@ def test_folding_a_process_without_files_changes_nothing(tmp_path: Path) -> None
     run_worker(tmp_path, 1)
     assert compact_dead_process(tmp_path, 999_999) == 0
     assert values(tmp_path)["jobs_total"] == 1
+
+
+FOLD_ON_A_FULL_DISK = """
+import sys
+from server import compat
+assert compat.reserve_metric_file_blocks()
+from server.telemetry.files import compact_dead_process
+try:
+    compact_dead_process(__import__("pathlib").Path(sys.argv[1]), int(sys.argv[2]))
+except OSError as exc:
+    print(exc.errno)
+"""
+
+
+def test_folding_on_a_full_disk_fails_whole_and_works_once_there_is_room(tmp_path: Path) -> None:
+    """The master folds a dead worker into an archive it must create: on a full tmpfs that was a SIGBUS."""
+    with tmpfs(tmp_path / "small") as where:
+        dead = run_worker(where, 3)
+        with filled(where):
+            done = subprocess.run([sys.executable, "-c", FOLD_ON_A_FULL_DISK, str(where), str(dead)],
+                                  cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, f"exit {done.returncode}: {done.stderr}"  # -7 is SIGBUS
+            assert done.stdout.strip() == str(errno.ENOSPC)
+            assert values(where)["jobs_total"] == 3  # nothing folded, nothing lost
+            assert not list(where.glob("*_archive.db"))
+        assert compact_dead_process(where, dead) == 2
+        assert values(where)["jobs_total"] == 3 and sorted(p.name for p in where.glob("*.db")) == [
+            "counter_archive.db", "histogram_archive.db"]
+
+
+def test_a_dead_workers_empty_file_is_dropped(tmp_path: Path) -> None:
+    """A worker killed between creating its value file and reserving it leaves an empty file."""
+    (tmp_path / "counter_77.db").write_bytes(b"")
+    assert compact_dead_process(tmp_path, 77) == 1 and not (tmp_path / "counter_77.db").exists()
