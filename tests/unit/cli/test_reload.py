@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -18,6 +19,10 @@ from server.cli.reload import running_masters
 def fake_master() -> Iterator[subprocess.Popen]:
     """A process that looks like a gunicorn master (its argv[0] is "gunicorn"); SIGHUP would end it."""
     process = subprocess.Popen(["bash", "-c", "exec -a gunicorn sleep 60"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0")[0] != b"gunicorn":  # bash has not exec'd yet
+        assert time.monotonic() < deadline, "the fake master never exec'd"
+        time.sleep(0.01)
     yield process
     process.kill()
     process.wait()
