@@ -51,19 +51,11 @@ def write_json(path: Path, data: Any, file: str | None = None) -> None:
                 handle.write(json.dumps(data, sort_keys=True))
             os.replace(temporary, path)
         except BaseException:
-            _remove(Path(temporary))
+            run_directory.remove_file(Path(temporary))
             raise
     except OSError as exc:
         write_errors.report(file or path.stem, path, exc)
         raise
-
-
-def _remove(path: Path) -> None:
-    """Best effort: remove a file (a read-only directory keeps it)."""
-    try:
-        path.unlink()
-    except OSError:
-        pass
 
 
 def run_dir_writable(run_dir: Path) -> bool:
@@ -153,7 +145,7 @@ def write_worker_state(run_dir: Path, state: WorkerState) -> bool:
     try:
         write_json(path, state.to_json(), write_errors.WORKER_STATE)
     except OSError:
-        _remove(path)
+        run_directory.remove_file(path)
         return False
     return True
 
