@@ -1,10 +1,10 @@
-"""The request thread's part of a model version with a handler: preprocess, the shared predict flow, postprocess.
+"""Predict for a model version with a handler: preprocess, the shared predict flow, postprocess.
 
 The TensorFlow call is not here: preprocess's arrays go through the same validation and the
 same executor queue as a plain request (server.http.common.predict), so requests through a
-handler are batched with each other. preprocess and postprocess run on the version's own
-threads (server.worker.handler_pool), each waited for with what is left of the request's
-deadline: a handler that hangs costs its requests a 504, never the worker's request threads.
+handler are batched with each other. The flow runs on a thread of the version's own pool
+(server.worker.handler_pool) and the request thread waits for it with the request's deadline:
+a handler that hangs costs its requests a 504, never the worker's request threads.
 
 What a handler raises is sorted here (docs/handlers.md): the client's fault is a 400 with its
 message, anything else (SystemExit and KeyboardInterrupt included) a 500 for this request only,
@@ -13,6 +13,7 @@ logged with the model, version and request id. The worker goes on.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from typing import Any, Callable
@@ -39,6 +40,10 @@ CLIENT_ERRORS: dict[str, tuple[type[BaseException], ...]] = {
     "postprocess": (ValueError,),
 }
 CLIENT_ERROR_LOG_LIMIT = instrument.LineLimit(per_second=5)
+MODEL_STEP = "the model"
+# The request waits this much past its deadline for the flow: a model that is late answers its own
+# 504 from the flow (common.infer), so it is counted once.
+FLOW_GRACE_S = 0.05
 
 
 class HandlerFailed(Exception):
@@ -46,55 +51,84 @@ class HandlerFailed(Exception):
 
 
 def predict_with_handler(version: ModelVersion, body: Any) -> Any:
-    """The whole response body for `body`, as the version's handler shapes it."""
+    """The whole response body for `body`, as the version's handler shapes it (JSON, ready to send).
+
+    NOTE: the whole flow (preprocess, the model's queue, postprocess, encoding) runs on one
+    thread of the version's pool and this request thread waits once, with the deadline: two
+    thread switches per request, the fewest another thread allows. Measured with bench.handler_cost
+    against running the flow here: +8-10 % worker CPU per request (one hand-off per handler
+    method, four switches, measured +13-14 %; a pool of 2 threads rather than FORKSERVE_THREADS,
+    +37 %: a flow holds its thread while the model runs, so fewer rows get batched).
+    """
     handler = version.handler
     assert handler is not None
     instrument.label_errors_with_version()  # the access log names the version of a handler's 4xx / 5xx too
     timeout = flask_request_timeout(version)
     deadline = time.monotonic() + timeout
     body = tfserving.request_object(body)
-    started = time.perf_counter()
-    if handler.preprocess is not None:
-        produced = _call(version, "preprocess", handler.preprocess, (body,), deadline, timeout)
-        signature_name, row_format = handler.signature_name, True
-        inputs = _model_inputs(version, produced)
-        instrument.stage("preprocess", time.perf_counter() - started)
-        started = time.perf_counter()
-    else:
-        decoded = tfserving.decode_predict(body, version.signature, version.config)
-        inputs, signature_name, row_format = decoded.inputs, decoded.signature_name, decoded.row_format
-    _, outputs = predict(version, signature_name, inputs, started, max(0.0, deadline - time.monotonic()))
-    if handler.postprocess is None:
-        return tfserving.encode_predict(outputs, row_format)
-    started = time.perf_counter()
-    result = _call(version, "postprocess", handler.postprocess, (outputs, body), deadline, timeout)
-    instrument.stage("postprocess", time.perf_counter() - started)
-    started = time.perf_counter()
-    encoded = _encoded(version, result)
-    instrument.stage("encode", time.perf_counter() - started)
-    return encoded
-
-
-def _call(
-    version: ModelVersion, step: str, method: Callable[..., Any], args: tuple[Any, ...], deadline: float, timeout: float,
-) -> Any:
-    """One handler method on the version's pool, within the request's deadline; its failure sorted."""
-    assert version.handler is not None
+    flow = _Flow(version, body, deadline)
+    context = contextvars.copy_context()  # NOTE: the stage times land in this request's measurement
     try:
-        return version.handler.pool.call(step, method, args, deadline - time.monotonic())
+        return handler.pool.call("the request", context.run, (flow.run,), deadline - time.monotonic() + FLOW_GRACE_S)
     except HandlerRaised as raised:
-        error = raised.error
-        if isinstance(error, CLIENT_ERRORS[step]):
-            raise InvalidArgument(_client_message(version, step, error)) from None
-        raise HandlerFailed(f"{_name(version)}: Handler.{step} raised {describe_failure(error)}") from error
+        failure = raised.error  # what _Flow made of it: an ApiError or HandlerFailed (raised below: no chained context)
     except HandlerTimeout:
+        if flow.step == MODEL_STEP:  # NOTE: the model's own wait counts its deadline (common.infer)
+            raise DeadlineExceeded(f"{_name(version)} did not answer within {timeout:g}s") from None
         metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc())
         raise DeadlineExceeded(
-            f"{_name(version)}: its handler did not return from {step} within the request's deadline ({timeout:g}s)"
+            f"{_name(version)}: its handler did not return from {flow.step} within the request's deadline ({timeout:g}s)"
         ) from None
     except HandlerStuck as stuck:
         metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "handler_stuck").inc())
         raise Unavailable(str(stuck)) from None
+    raise failure
+
+
+class _Flow:
+    """One request's steps on a handler thread; `step` says where it is (for the 504's message)."""
+
+    def __init__(self, version: ModelVersion, body: dict[str, Any], deadline: float) -> None:
+        self.version = version
+        self.body = body
+        self.deadline = deadline
+        self.step = "preprocess"
+
+    def run(self) -> Any:
+        """preprocess, predict, postprocess, encode: the response body, or an ApiError / HandlerFailed."""
+        version, body, handler = self.version, self.body, self.version.handler
+        assert handler is not None
+        started = time.perf_counter()
+        if handler.preprocess is not None:
+            inputs = _model_inputs(version, self._call("preprocess", handler.preprocess, body))
+            signature_name, row_format = handler.signature_name, True
+            instrument.stage("preprocess", time.perf_counter() - started)
+            started = time.perf_counter()
+        else:
+            decoded = tfserving.decode_predict(body, version.signature, version.config)
+            inputs, signature_name, row_format = decoded.inputs, decoded.signature_name, decoded.row_format
+        self.step = MODEL_STEP
+        _, outputs = predict(version, signature_name, inputs, started, max(0.0, self.deadline - time.monotonic()))
+        if handler.postprocess is None:
+            return tfserving.encode_predict(outputs, row_format)
+        started = time.perf_counter()
+        result = self._call("postprocess", handler.postprocess, outputs, body)
+        instrument.stage("postprocess", time.perf_counter() - started)
+        self.step = "encoding postprocess's result"
+        started = time.perf_counter()
+        encoded = _encoded(version, result)
+        instrument.stage("encode", time.perf_counter() - started)
+        return encoded
+
+    def _call(self, step: str, method: Callable[..., Any], *args: Any) -> Any:
+        """One handler method; what it raises sorted into the client's fault (400) or the handler's (500)."""
+        self.step = step
+        try:
+            return method(*args)
+        except CLIENT_ERRORS[step] as error:
+            raise InvalidArgument(_client_message(self.version, step, error)) from None
+        except BaseException as error:  # NOTE: SystemExit, KeyboardInterrupt too: a 500 for this request only
+            raise HandlerFailed(f"{_name(self.version)}: Handler.{step} raised {describe_failure(error)}") from error
 
 
 def _client_message(version: ModelVersion, step: str, error: BaseException) -> str:
