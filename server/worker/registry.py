@@ -15,6 +15,7 @@ from typing import Any, Callable
 from server.config import ConfigError, ModelConfig, ServerConfig
 from server.errors import NotFound, Unavailable
 from server.repository import VersionSource, scan, select_versions
+from server.settings import Settings
 from server.signature import SignatureInfo
 from server.target import (
     ConfigProblem,
@@ -25,7 +26,6 @@ from server.target import (
 )
 from server.telemetry import metrics
 from server.worker.executor import ModelExecutor
-from server.settings import Settings
 from server.worker.handlers import (
     Handler,
     HandlerError,
@@ -253,7 +253,6 @@ class ModelRegistry:
                 raise exc.__cause__  # NOTE: gunicorn's SIGQUIT handler raised it in this thread: the worker's own exit
             if handler is not None:  # loaded, then warm-up or its example failed: nothing of it stays
                 discard(handler)
-                handler = None
             entry.state, entry.error = END, f"failed to load: {type(exc).__name__}: {exc}".strip()[:2000]
             entry.load_seconds = time.monotonic() - started
             metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).dec())
