@@ -75,14 +75,20 @@ def predict_with_handler(version: ModelVersion, body: Any) -> Any:
     except HandlerTimeout:
         if flow.step == MODEL_STEP:  # NOTE: the model's own wait counts its deadline (common.infer)
             raise DeadlineExceeded(f"{_name(version)} did not answer within {timeout:g}s") from None
+        failure = _Overran()
+    except HandlerStuck as stuck:
+        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "handler_stuck").inc())
+        raise Unavailable(str(stuck)) from None
+    if isinstance(failure, _Overran):  # the handler's time ran out (the model's own wait was never reached)
         metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc())
         raise DeadlineExceeded(
             f"{_name(version)}: its handler did not return from {flow.step} within the request's deadline ({timeout:g}s)"
         ) from None
-    except HandlerStuck as stuck:
-        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "handler_stuck").inc())
-        raise Unavailable(str(stuck)) from None
     raise failure
+
+
+class _Overran(Exception):
+    """preprocess returned after the request's deadline: the model is not asked (the request thread counts the 504)."""
 
 
 class _Flow:
@@ -107,8 +113,11 @@ class _Flow:
         else:
             decoded = tfserving.decode_predict(body, version.signature, version.config)
             inputs, signature_name, row_format = decoded.inputs, decoded.signature_name, decoded.row_format
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Overran()
         self.step = MODEL_STEP
-        _, outputs = predict(version, signature_name, inputs, started, max(0.0, self.deadline - time.monotonic()))
+        _, outputs = predict(version, signature_name, inputs, started, remaining)
         if handler.postprocess is None:
             return tfserving.encode_predict(outputs, row_format)
         started = time.perf_counter()
