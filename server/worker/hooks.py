@@ -162,14 +162,18 @@ def exit_code(error: BaseException | None, booted: bool = False) -> int:
 def exit_reason(error: BaseException | None, stopping: bool) -> str:
     """What the master records (and rollouts read): "graceful" only for an orderly stop.
 
-    "exit(N)" is a SystemExit that no stop asked for (code N as raised, before exit_code's
+    `stopping`: the worker was told to stop (TERM, QUIT, max_requests: gunicorn cleared `alive`).
+    "exit(N)" is a SystemExit that no stop explains (code N as raised, before exit_code's
     mapping); "error" is an exception that ended the worker (gunicorn turns one into
-    SystemExit(-1), or SystemExit(3) before boot, while handling it).
+    SystemExit(-1), or SystemExit(3) before boot, while handling it). A rollout counts every
+    reason but "graceful" against the version the worker was loading.
     """
-    if isinstance(error, SystemExit) and error.__context__ is None:
-        code = exit_code(error)
-        return "graceful" if code == 0 and stopping else f"exit({code})"
-    return "graceful" if error is None and stopping else "error"
+    code = exit_code(error)
+    if code == 0 and stopping:  # NOTE: whatever was being handled when the stop's sys.exit(0) came
+        return "graceful"
+    if error is None or (isinstance(error, SystemExit) and error.__context__ is None):
+        return f"exit({code})"
+    return "error"
 
 
 def _what_ended(error: BaseException | None) -> str:

@@ -26,13 +26,13 @@ def test_other_codes_are_kept_after_boot() -> None:
     assert exit_code(SystemExit(2), booted=True) == 2 and exit_code(KeyboardInterrupt(), booted=True) == 1
 
 
-def raised_while_handling(error: BaseException) -> SystemExit:
+def raised_while_handling(error: BaseException, code: int = -1) -> SystemExit:
     """gunicorn's spawn_worker: an exception in the worker becomes sys.exit(-1) (or 3 before boot)."""
     try:
         try:
             raise error
         except BaseException:
-            sys.exit(-1)
+            sys.exit(code)
     except SystemExit as exit_:
         return exit_
 
@@ -47,6 +47,7 @@ def raised_while_handling(error: BaseException) -> SystemExit:
     (KeyboardInterrupt(), False, "error"),
     (raised_while_handling(RuntimeError("main loop")), False, "error"),
     (raised_while_handling(RuntimeError("main loop")), True, "error"),
+    (raised_while_handling(OSError("a stop's sys.exit(0) came while this was handled"), 0), True, "graceful"),
 ])
 def test_the_reason_says_what_happened_graceful_only_for_an_orderly_stop(error, stopping: bool, reason: str) -> None:
     assert exit_reason(error, stopping) == reason
