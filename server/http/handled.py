@@ -56,7 +56,7 @@ def predict_with_handler(version: ModelVersion, body: Any) -> Any:
     NOTE: the whole flow (preprocess, the model's queue, postprocess, encoding) runs on one
     thread of the version's pool and this request thread waits once, with the deadline: two
     thread switches per request, the fewest another thread allows. Measured with bench.handler_cost
-    against running the flow here: +8-10 % worker CPU per request (one hand-off per handler
+    against running the flow here: +7-10 % worker CPU per request (one hand-off per handler
     method, four switches, measured +13-14 %; a pool of 2 threads rather than FORKSERVE_THREADS,
     +37 %: a flow holds its thread while the model runs, so fewer rows get batched).
     """
