@@ -303,6 +303,7 @@ class ModelRegistry:
         if handler.example is None:
             log.warning("%s: its handler has no example, so nothing checked preprocess and postprocess before it "
                         "serves; set Handler.example to a request body (docs/handlers.md)", label)
+        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(entry.name, "handler_stuck"))  # the series exists at 0
         return handler
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:

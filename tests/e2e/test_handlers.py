@@ -266,7 +266,9 @@ def test_a_hanging_handler_answers_504_within_the_deadline_while_other_models_an
         return (value(scrape, "forkserve_rejected_requests_total", model="wild", reason="deadline")
                 - value(before, "forkserve_rejected_requests_total", model="wild", reason="deadline"))
 
-    assert counted(settled_samples(handled, lambda s: counted(s) >= 4, "the 504s counted")) == 4
+    after = settled_samples(handled, lambda s: counted(s) >= 4, "the 504s counted")
+    assert counted(after) == 4
+    assert ("forkserve_rejected_requests_total", frozenset({"model": "wild", "reason": "handler_stuck"}.items())) in after
 
 
 def test_postprocess_results_of_several_rows_strings_bytes_and_nan_are_written(handled: Server) -> None:
