@@ -69,7 +69,7 @@ def predict_with_handler(version: ModelVersion, body: Any) -> Any:
     flow = _Flow(version, body, deadline)
     context = contextvars.copy_context()  # NOTE: the stage times land in this request's measurement
     try:
-        return handler.pool.call("the request", context.run, (flow.run,), deadline - time.monotonic() + FLOW_GRACE_S)
+        return handler.pool.call("a request's handler", context.run, (flow.run,), deadline - time.monotonic() + FLOW_GRACE_S)
     except HandlerRaised as raised:
         failure = raised.error  # what _Flow made of it: an ApiError or HandlerFailed (raised below: no chained context)
     except HandlerTimeout:

@@ -70,8 +70,8 @@ class HandlerPool:
         """Threads held now by calls that outlived their deadline."""
         return self._overdue
 
-    def call(self, step: str, method: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Any:
-        """`method(*args)` on a pool thread, waited for at most `timeout` seconds.
+    def call(self, what: str, method: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Any:
+        """`method(*args)` on a pool thread, waited for at most `timeout` seconds; `what` names it in messages.
 
         Raises HandlerRaised (what the method raised), HandlerTimeout or HandlerStuck; anything
         else raised here (a signal's SystemExit while waiting) is the calling thread's own.
@@ -97,9 +97,9 @@ class HandlerPool:
                         work.overdue = True
                         self._overdue += 1
                 if work.overdue:
-                    log.warning("%s: Handler.%s did not return within its deadline (%.3gs); its thread is held until "
-                                "it returns (%d of %d held)", self.name, step, timeout, self._overdue, self.size)
-            raise HandlerTimeout(f"the handler of {self.name} did not return from {step} within {timeout:.3g}s") from None
+                    log.warning("%s: %s did not return within its deadline (%.3gs); its thread is held until it "
+                                "returns (%d of %d held)", self.name, what, timeout, self._overdue, self.size)
+            raise HandlerTimeout(f"{self.name}: {what} did not return within {timeout:.3g}s") from None
 
     def close(self) -> None:
         """End the idle threads (the version will not be served); a thread in a call ends when it returns."""

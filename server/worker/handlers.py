@@ -78,7 +78,7 @@ class Handler:
 def load_handler(version_dir: Path, module_name: str, label: str = "") -> Handler:
     """Import handler.py from `version_dir` under `module_name`, build the Handler and run its setup.
 
-    `label` ("model NAME version N") names the handler's threads and log lines.
+    `label` ("model NAME version N"; handler.py without one) names its threads and log lines.
     """
     path = version_dir / HANDLER_FILE
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -92,7 +92,7 @@ def load_handler(version_dir: Path, module_name: str, label: str = "") -> Handle
         sys.modules.pop(module_name, None)
         raise HandlerError(f"handler.py failed to import: {describe_failure(exc)}") from exc
     try:
-        return _build(module, version_dir, module_name, label or module_name)
+        return _build(module, version_dir, module_name, label or HANDLER_FILE)
     except HandlerError:
         sys.modules.pop(module_name, None)  # a version that is not served leaves no module behind
         raise
@@ -166,7 +166,7 @@ def check_example(handler: Handler, signatures: dict[str, Any], config: Any, run
     try:
         if handler.preprocess is not None:
             signature = _signature(signatures, handler.signature_name)
-            inputs = model_inputs(handler.pool.call("preprocess", handler.preprocess, (body,), timeout))
+            inputs = model_inputs(handler.pool.call("Handler.preprocess", handler.preprocess, (body,), timeout))
         else:  # a plain TF Serving body, for a handler with only postprocess
             from server.http.codecs.tfserving import decode_predict
 
@@ -175,7 +175,7 @@ def check_example(handler: Handler, signatures: dict[str, Any], config: Any, run
         fed, _ = validate_inputs(inputs, signature, config)
         outputs = run(signature.name, fed)
         if handler.postprocess is not None:
-            jsonio.dumps(handler.pool.call("postprocess", handler.postprocess, (outputs, body), timeout))
+            jsonio.dumps(handler.pool.call("Handler.postprocess", handler.postprocess, (outputs, body), timeout))
     except HandlerError:
         raise
     except HandlerRaised as raised:

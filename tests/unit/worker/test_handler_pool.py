@@ -30,7 +30,7 @@ def test_a_hung_call_answers_its_deadline_and_holds_only_its_own_thread() -> Non
     release = threading.Event()
     pool = HandlerPool("model hung version 1", 2)
     started = time.monotonic()
-    with pytest.raises(HandlerTimeout, match="did not return from preprocess within 0.2s"):
+    with pytest.raises(HandlerTimeout, match="model hung version 1: preprocess did not return within 0.2s"):
         pool.call("preprocess", release.wait, (), 0.2)
     assert 0.15 < time.monotonic() - started < 2.0
     assert pool.overdue == 1

@@ -145,6 +145,6 @@ class Handler:
         threading.Event().wait()
 '''), "forkserve_handler_hangs")
     started = time.monotonic()
-    with pytest.raises(HandlerError, match=r"Handler.example failed: the handler of .* did not return from preprocess within 0.3s"):
+    with pytest.raises(HandlerError, match=r"Handler.example failed: handler.py: Handler.preprocess did not return within 0.3s"):
         check_example(handler, SIGNATURES, SimpleNamespace(**{**vars(CONFIG), "request_timeout_s": 0.3}), echo)
     assert time.monotonic() - started < 3
