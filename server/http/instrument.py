@@ -34,6 +34,7 @@ class Inference:
     started: float = field(default_factory=time.perf_counter)
     version: str = ""
     stages: dict[str, float] = field(default_factory=dict)
+    version_on_errors: bool = False  # error answers carry X-Model-Version too (the access log's version=)
 
 
 _CURRENT: contextvars.ContextVar[Inference | None] = contextvars.ContextVar("forkserve_inference", default=None)
@@ -62,15 +63,29 @@ def set_version(version: int) -> None:
         inference.version = str(version)
 
 
-def stage(name: str, seconds: float) -> None:
-    """Record the time of one stage: decode, preprocess, queue, compute, postprocess or encode."""
+def label_errors_with_version() -> None:
+    """Give this request's error answers the X-Model-Version header its success would carry.
+
+    NOTE: only where a version has started answering (a handler's 400 / 500 / 504); TF Serving's
+    own errors, on both the Flask view and the fast path, carry no version header.
+    """
     inference = _CURRENT.get()
     if inference is not None:
-        inference.stages[name] = seconds
+        inference.version_on_errors = True
+
+
+def stage(name: str, seconds: float) -> None:
+    """Add to the time of one stage: decode, preprocess, queue, compute, postprocess or encode."""
+    inference = _CURRENT.get()
+    if inference is not None:
+        inference.stages[name] = inference.stages.get(name, 0.0) + seconds
 
 
 def finish(response: Response) -> Response:
     """Flask's after_request: count the request with its status code and observe its times."""
+    inference = _CURRENT.get()
+    if inference is not None and inference.version_on_errors and inference.version:
+        response.headers.setdefault("X-Model-Version", inference.version)
     record(response.status_code)
     return response
 

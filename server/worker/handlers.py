@@ -13,9 +13,11 @@ both methods), `signature_name` (the signature preprocess feeds; default serving
 `request_schema` and `response_schema` (JSON Schema for /openapi.json and the metadata).
 
 The model's TensorFlow call stays in its executor thread: a handler never calls the model, so
-requests through a handler are batched like any other. `ValueError` (and its subclasses) from
-preprocess or postprocess is the client's fault (400 with its message); anything else is a 500.
-Runs in workers and in `publish`'s validation child; imports no TensorFlow itself.
+requests through a handler are batched like any other. preprocess and postprocess run on the
+version's own threads (server.worker.handler_pool), bounded by the request's deadline; what they
+raise is sorted into the client's fault or the handler's in server.http.handled. Whatever a
+handler raises (SystemExit and KeyboardInterrupt included) fails its request or its version,
+never the worker. Runs in workers and in `publish`'s validation child; imports no TensorFlow itself.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from server.settings import Settings
+from server.worker.handler_pool import HandlerPool, HandlerRaised, HandlerStuck, HandlerTimeout
 
 HANDLER_FILE = "handler.py"
 DEFAULT_SIGNATURE = "serving_default"
@@ -55,6 +60,8 @@ class Handler:
     example: dict | None
     request_schema: dict | None
     response_schema: dict | None
+    module_name: str
+    pool: HandlerPool  # the threads preprocess and postprocess run on
 
     def describe(self) -> dict[str, Any]:
         """What metadata and /openapi.json say about this handler."""
@@ -68,8 +75,11 @@ class Handler:
         }
 
 
-def load_handler(version_dir: Path, module_name: str) -> Handler:
-    """Import handler.py from `version_dir` under `module_name`, build the Handler and run its setup."""
+def load_handler(version_dir: Path, module_name: str, label: str = "") -> Handler:
+    """Import handler.py from `version_dir` under `module_name`, build the Handler and run its setup.
+
+    `label` ("model NAME version N"; handler.py without one) names its threads and log lines.
+    """
     path = version_dir / HANDLER_FILE
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -78,14 +88,24 @@ def load_handler(version_dir: Path, module_name: str) -> Handler:
     sys.modules[module_name] = module  # NOTE: a name of its own per model version: versions never share code
     try:
         spec.loader.exec_module(module)
-    except BaseException as exc:  # SyntaxError, ImportError, anything at module level
+    except BaseException as exc:  # SyntaxError, ImportError, SystemExit: anything at module level
         sys.modules.pop(module_name, None)
-        raise HandlerError(f"handler.py failed to import: {_describe(exc)}") from None
+        raise HandlerError(f"handler.py failed to import: {describe_failure(exc)}") from exc
     try:
-        return _build(module, version_dir)
+        return _build(module, version_dir, module_name, label or HANDLER_FILE)
     except HandlerError:
         sys.modules.pop(module_name, None)  # a version that is not served leaves no module behind
         raise
+
+
+def discard(handler: Handler) -> None:
+    """Forget a handler whose version will not be served: its module and idle threads go.
+
+    NOTE: there is no teardown hook (docs/handlers.md): the instance, and with it what `setup`
+    opened, is released when the last reference to it goes.
+    """
+    sys.modules.pop(handler.module_name, None)
+    handler.pool.close()
 
 
 def handler_module_name(model: str, version: int) -> str:
@@ -94,7 +114,7 @@ def handler_module_name(model: str, version: int) -> str:
     return f"forkserve_handler_{escaped}_v{version}"
 
 
-def _build(module: Any, version_dir: Path) -> Handler:
+def _build(module: Any, version_dir: Path, module_name: str, label: str) -> Handler:
     """The Handler of an imported handler.py, set up; HandlerError when it cannot be used."""
     cls = getattr(module, "Handler", None)
     if not isinstance(cls, type):
@@ -104,8 +124,9 @@ def _build(module: Any, version_dir: Path) -> Handler:
         setup = getattr(instance, "setup", None)
         if setup is not None:
             setup(version_dir)
-    except Exception as exc:
-        raise HandlerError(f"Handler setup failed: {_describe(exc)}") from None
+    except BaseException as exc:  # NOTE: SystemExit(3) here once halted the whole server (gunicorn's boot code)
+        # __cause__ keeps the original: the registry tells a worker's own quit (SIGQUIT) from the handler's.
+        raise HandlerError(f"Handler setup failed: {describe_failure(exc)}") from exc
     example = getattr(instance, "example", None)
     if example is not None and not isinstance(example, dict):
         raise HandlerError(f"Handler.example must be a dict (a request body), got {type(example).__name__}")
@@ -117,14 +138,23 @@ def _build(module: Any, version_dir: Path) -> Handler:
         example=example,
         request_schema=_schema(instance, "request_schema"),
         response_schema=_schema(instance, "response_schema"),
+        module_name=module_name,
+        pool=HandlerPool(label, Settings.current().threads),
     )
+
+
+def check_signature(handler: Handler, signatures: dict[str, Any]) -> None:
+    """HandlerError unless the model has the signature preprocess feeds (checked with or without an example)."""
+    if handler.preprocess is not None:
+        _signature(signatures, handler.signature_name)
 
 
 def check_example(handler: Handler, signatures: dict[str, Any], config: Any, run: Callable) -> None:
     """Run the handler's example through preprocess, the model (`run`) and postprocess; HandlerError if any fails.
 
     Warm-up in a worker and validation in `publish` both do this, so a handler that cannot answer
-    its own example is never served.
+    its own example is never served. Each step runs on the handler's pool, as a live request's
+    does, bounded by the model's request_timeout_s: a handler that hangs fails its version.
     """
     if handler.example is None:
         return
@@ -132,10 +162,11 @@ def check_example(handler: Handler, signatures: dict[str, Any], config: Any, run
     from server.http.codecs.tensors import validate_inputs
 
     body = copy.deepcopy(handler.example)  # NOTE: one object for both steps, as a live request has
+    timeout = config.request_timeout_s
     try:
         if handler.preprocess is not None:
             signature = _signature(signatures, handler.signature_name)
-            inputs = model_inputs(handler.preprocess(body))
+            inputs = model_inputs(handler.pool.call("Handler.preprocess", handler.preprocess, (body,), timeout))
         else:  # a plain TF Serving body, for a handler with only postprocess
             from server.http.codecs.tfserving import decode_predict
 
@@ -144,11 +175,15 @@ def check_example(handler: Handler, signatures: dict[str, Any], config: Any, run
         fed, _ = validate_inputs(inputs, signature, config)
         outputs = run(signature.name, fed)
         if handler.postprocess is not None:
-            jsonio.dumps(handler.postprocess(outputs, body))
+            jsonio.dumps(handler.pool.call("Handler.postprocess", handler.postprocess, (outputs, body), timeout))
     except HandlerError:
         raise
-    except Exception as exc:
-        message = getattr(exc, "message", None) or _describe(exc)
+    except HandlerRaised as raised:
+        raise HandlerError(f"Handler.example failed: {describe_failure(raised.error)}") from raised.error
+    except (HandlerTimeout, HandlerStuck) as exc:
+        raise HandlerError(f"Handler.example failed: {exc}") from None
+    except Exception as exc:  # the model refused preprocess's arrays, or the response cannot be JSON
+        message = getattr(exc, "message", None) or describe_failure(exc)
         raise HandlerError(f"Handler.example failed: {message}") from None
 
 
@@ -172,10 +207,12 @@ def _schema(instance: Any, name: str) -> dict | None:
     return schema
 
 
-def _describe(exc: BaseException) -> str:
-    """The exception and the handler.py line it came from."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(HANDLER_FILE)]
-    where = f" (handler.py line {frames[-1].lineno})" if frames else ""
-    if isinstance(exc, SyntaxError) and exc.lineno:
-        where = f" (handler.py line {exc.lineno})"
-    return f"{type(exc).__name__}: {exc}{where}"
+def describe_failure(exc: BaseException) -> str:
+    """The exception and the handler.py line it came from (once: a SyntaxError's own text names it too)."""
+    message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    line = exc.lineno if isinstance(exc, SyntaxError) else None
+    if line is None:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(HANDLER_FILE)]
+        line = frames[-1].lineno if frames else None
+    where = f" (handler.py line {line})" if line else ""
+    return f"{type(exc).__name__}{': ' + message if message else ''}{where}"

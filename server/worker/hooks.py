@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from typing import Any
 
 from server.settings import Settings
@@ -113,7 +114,7 @@ def freeze_the_loaded_heap() -> int:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    """Worker, on its way out (not after SIGKILL): write what is buffered, tell the master, then leave at once.
+    """Worker, on its way out (not after SIGKILL): write what is buffered, tell the master why, then leave at once.
 
     NOTE: gunicorn calls this in spawn_worker's `finally`, with the SystemExit that ends the worker
     in flight. The worker then leaves with that exit code through os._exit, as forked
@@ -121,22 +122,68 @@ def worker_exit(server: Any, worker: Any) -> None:
     idle threads, atexit handlers inherited from the master) took seconds, and once, on a loaded
     machine, longer than graceful_timeout, so the master SIGKILLed a worker that had finished.
     """
+    if getattr(worker, "pid", None) != os.getpid():
+        # NOTE: gunicorn's master calls this hook too, for a worker it found already gone (kill_worker
+        # on ESRCH, inside its `except OSError`): leaving "at once" there ended the master (os._exit(1)).
+        return
     from server.telemetry.buffer import BUFFER
 
+    error = sys.exc_info()[1]
+    booted = getattr(worker, "wsgi", None) is not None  # the app loaded: loading models is past gunicorn's boot
+    code = exit_code(error, booted=booted)
+    reason = exit_reason(error, stopping=not worker.alive)
+    if reason != "graceful":
+        worker.log.error("forkserve worker %s leaves with exit code %d (%s): %s", os.getpid(), code, reason,
+                         _what_ended(error))
     BUFFER.flush()
     flush_access = getattr(worker.log, "flush_access", None)  # server.telemetry.access_log.AccessLogger
     if flush_access is not None:
         flush_access()
-    write_exit_reason(Settings.current().run_dir, os.getpid(), "graceful")
-    code = exit_code(sys.exc_info()[1])
+    write_exit_reason(Settings.current().run_dir, os.getpid(), reason)
     logging.shutdown()  # flush every log handler: os._exit skips it
     os._exit(code)
 
 
-def exit_code(error: BaseException | None) -> int:
-    """The status a worker ending with `error` would exit with (gunicorn's boot-error code included)."""
+# gunicorn's WORKER_BOOT_ERROR and APP_LOAD_ERROR: a worker exiting with either halts the master.
+BOOT_ERROR_CODES = (3, 4)
+
+
+def exit_code(error: BaseException | None, booted: bool = False) -> int:
+    """The status a worker ending with `error` leaves with.
+
+    Before its app loaded, gunicorn's boot-error codes keep their meaning (the server's own code
+    cannot start: the master halts). After, never: whatever raised SystemExit(3) then (a
+    handler, a full run directory) must cost one worker, which the master replaces.
+    """
     if isinstance(error, SystemExit):
-        if error.code is None:
-            return 0
-        return error.code if isinstance(error.code, int) else 1
-    return 0 if error is None else 1
+        code = 0 if error.code is None else error.code if isinstance(error.code, int) else 1
+    else:
+        code = 0 if error is None else 1
+    return 1 if booted and code in BOOT_ERROR_CODES else code
+
+
+def exit_reason(error: BaseException | None, stopping: bool) -> str:
+    """What the master records (and rollouts read): "graceful" only for an orderly stop.
+
+    `stopping`: the worker was told to stop (TERM, QUIT, max_requests: gunicorn cleared `alive`).
+    "exit(N)" is a SystemExit that no stop explains (code N as raised, before exit_code's
+    mapping); "error" is an exception that ended the worker (gunicorn turns one into
+    SystemExit(-1), or SystemExit(3) before boot, while handling it). A rollout counts every
+    reason but "graceful" against the version the worker was loading.
+    """
+    code = exit_code(error)
+    if code == 0 and stopping:  # NOTE: whatever was being handled when the stop's sys.exit(0) came
+        return "graceful"
+    if error is None or (isinstance(error, SystemExit) and error.__context__ is None):
+        return f"exit({code})"
+    return "error"
+
+
+def _what_ended(error: BaseException | None) -> str:
+    """The exception that ended the worker and where it was raised, for the log."""
+    cause = error.__context__ if error is not None and error.__context__ is not None else error
+    if cause is None:
+        return "no exception"
+    frames = traceback.extract_tb(cause.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(cause).__name__}: {cause}{where}"

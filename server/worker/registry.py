@@ -15,6 +15,7 @@ from typing import Any, Callable
 from server.config import ConfigError, ModelConfig, ServerConfig
 from server.errors import NotFound, Unavailable
 from server.repository import VersionSource, scan, select_versions
+from server.settings import Settings
 from server.signature import SignatureInfo
 from server.target import (
     ConfigProblem,
@@ -30,6 +31,8 @@ from server.worker.handlers import (
     Handler,
     HandlerError,
     check_example,
+    check_signature,
+    discard,
     has_handler,
     handler_module_name,
     load_handler,
@@ -245,14 +248,14 @@ class ModelRegistry:
                 entry = ModelVersion(source, model.config)
                 model.versions[source.version] = entry
                 loading(model.name, source.version)
-                if self._load_version(entry, runtime):
+                if self._load_version(entry, runtime, stopping):
                     loaded += 1
             if not candidates:
                 log.warning("model %s: no version directory found under %s", model.name, self.models_dir / model.name)
         self.loaded = True
 
-    def _load_version(self, entry: ModelVersion, runtime: Any) -> bool:
-        """Load and warm one version; on any failure mark it END with the reason."""
+    def _load_version(self, entry: ModelVersion, runtime: Any, stopping: Callable[[], bool] = lambda: False) -> bool:
+        """Load and warm one version; on any failure mark it END with the reason (its handler's SystemExit too)."""
         entry.state = LOADING
         labels = (entry.name, str(entry.version))
         metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).inc())
@@ -261,13 +264,19 @@ class ModelRegistry:
         metrics.record(lambda: metrics.MODEL_LOAD_FAILURES.labels(*labels))
         metrics.record(lambda: metrics.MODEL_RETRACES.labels(entry.name))
         started = time.monotonic()
+        handler = None
         try:
             servable = runtime.load_servable(entry.source)
             handler = self._load_handler(entry)
             calls = servable.warm_up(entry.config.batch_buckets)
             if handler is not None:
+                check_signature(handler, servable.signatures)
                 check_example(handler, servable.signatures, entry.config, servable.run)
         except Exception as exc:  # a bad model must never take the worker down
+            if isinstance(exc.__cause__, SystemExit) and stopping():
+                raise exc.__cause__  # NOTE: gunicorn's SIGQUIT handler raised it in this thread: the worker's own exit
+            if handler is not None:  # loaded, then warm-up or its example failed: nothing of it stays
+                discard(handler)
             entry.state, entry.error = END, f"failed to load: {type(exc).__name__}: {exc}".strip()[:2000]
             entry.load_seconds = time.monotonic() - started
             metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).dec())
@@ -313,9 +322,16 @@ class ModelRegistry:
         if not entry.config.handler:
             raise HandlerError(
                 f"version {entry.version} has a handler.py, but handlers are off for model {entry.name} "
-                f"(set handler = true under [models.{entry.name}] in conf/models.toml); it is not served without it"
+                f"(set handler = true under [models.{entry.name}] in {Settings.current().conf_path}); "
+                "it is not served without it"
             )
-        return load_handler(entry.source.path, handler_module_name(entry.name, entry.version))
+        label = f"model {entry.name} version {entry.version}"
+        handler = load_handler(entry.source.path, handler_module_name(entry.name, entry.version), label)
+        if handler.example is None:
+            log.warning("%s: its handler has no example, so nothing checked preprocess and postprocess before it "
+                        "serves; set Handler.example to a request body (docs/handlers.md)", label)
+        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(entry.name, "handler_stuck"))  # the series exists at 0
+        return handler
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready when loading is over and some model serves (or the repository holds none); strict: every model serves.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -17,6 +19,7 @@ import requests
 from server.state import read_worker_states
 from tests.e2e.harness import ROOT, Server, wait_until
 from tests.e2e.test_metrics import samples, settled_samples, value
+from tests.e2e.traffic import Traffic
 
 # A handler in the style a Flask app's own code would have: named fields in, a label and a score out.
 HANDLER = '''
@@ -47,10 +50,56 @@ class Handler:
         best = int(np.argmax(logits))
         return {"label": self.labels[best], "score": float(logits[best])}
 '''
+# A handler that does what a handler should never do, on request: exit, interrupt, hang, read a missing field.
+WILD = '''
+import sys
+import threading
+import numpy as np
+
+
+class Handler:
+    example = {"rows": [[0.5] * 20]}
+
+    def preprocess(self, body: dict) -> dict:
+        do = body.get("do")
+        if do == "exit3":
+            sys.exit(3)
+        if do == "exit1":
+            sys.exit(1)
+        if do == "interrupt":
+            raise KeyboardInterrupt
+        if do == "hang":
+            threading.Event().wait()
+        return {"features": np.asarray(body["rows"], dtype=np.float32)}
+
+    def postprocess(self, outputs: dict, body: dict) -> dict:
+        return {"best": outputs["logits"].argmax(axis=1)}
+'''
+# What a data scientist's postprocess returns, with no example (so nothing checked it before it served).
+ENCODINGS = '''
+import numpy as np
+
+
+class Handler:
+    def preprocess(self, body: dict) -> dict:
+        return {"features": np.asarray(body["rows"], dtype=np.float32)}
+
+    def postprocess(self, outputs: dict, body: dict) -> dict:
+        logits = outputs["logits"]
+        rows = len(logits)
+        return {"second": logits[:, 1], "labels": np.array(["cat", "dog", "cow"])[:rows],
+                "raw": np.bytes_(b"barolo"), "missing": np.float32("nan")}
+'''
 CONF = """
 [models.scored]
 handler = true
 max_batch_delay_ms = 2.0
+
+[models.wild]
+handler = true
+
+[models.encodings]
+handler = true
 
 [models.broken_import]
 handler = true
@@ -81,11 +130,14 @@ def handled(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     version_dir(repo, "broken_import", 1, mlp, "import not_a_module_anyone_has\n")
     version_dir(repo, "broken_setup", 1, mlp, HANDLER.replace("self.labels = ", "raise OSError('no labels file'); self.labels = "))
     version_dir(repo, "not_enabled", 1, mlp, HANDLER)
+    version_dir(repo, "wild", 1, mlp, WILD)
+    version_dir(repo, "encodings", 1, mlp, ENCODINGS)
+    shutil.copytree(model_repo / "mlp" / "1", repo / "healthy" / "1")  # a plain model beside them
     run_dir = tmp_path_factory.mktemp("handler-run")
     conf = run_dir / "models.toml"
     conf.write_text(CONF)
     server = Server(models_dir=repo, run_dir=run_dir, conf_path=conf, workers=2,
-                    env={"FORKSERVE_POLL_INTERVAL": "0.5"}).start()
+                    env={"FORKSERVE_POLL_INTERVAL": "0.5", "FORKSERVE_ACCESS_LOG": "1"}).start()
     yield server
     server.stop()
 
@@ -143,6 +195,89 @@ def test_a_handler_that_cannot_be_used_fails_its_version(handled: Server, model:
     assert status["state"] == "END" and reason in status["status"]["error_message"], status
     assert handled.post(f"/v1/models/{model}:predict", json={"features": [0.5] * 20}).status_code == 503
     assert handled.process.poll() is None
+
+
+def healthy_traffic(server: Server) -> Traffic:
+    """Clients of the plain model, started: none of its requests may fail while a handler misbehaves."""
+    traffic = Traffic(f"{server.url}/v1/models/healthy:predict")
+    traffic.start(3)
+    wait_until(lambda: len(traffic.answers) > 10, 30, "traffic to the healthy model")
+    return traffic
+
+
+@pytest.mark.parametrize(("do", "raised"), [
+    ("exit3", "SystemExit: 3"),
+    ("exit1", "SystemExit: 1"),
+    ("interrupt", "KeyboardInterrupt"),
+])
+def test_a_handler_that_exits_or_is_interrupted_costs_its_request_a_500_and_nothing_else(
+    handled: Server, do: str, raised: str,
+) -> None:
+    workers = handled.worker_pids()
+    traffic = healthy_traffic(handled)
+    try:
+        answers = [requests.post(f"{handled.url}/v1/models/wild:predict", json={"do": do, "rows": [[0.5] * 20]},
+                                 headers={"X-Request-Id": f"{do}-{n}"}, timeout=30) for n in range(6)]
+        finished = len(traffic.answers)
+        wait_until(lambda: len(traffic.answers) > finished + 20, 30, "traffic after the handler's exits")
+    finally:
+        traffic.finish()
+    assert [a.status_code for a in answers] == [500] * 6, [a.text for a in answers]
+    assert answers[0].json() == {"error": f"internal error (request id {do}-0)"}
+    assert traffic.failures() == [] and len(traffic.answers) > 30
+    assert handled.worker_pids() == workers and handled.process.poll() is None  # no worker lost, the master serves
+    assert handled.post("/v1/models/wild:predict", json={"rows": [[0.5] * 20]}).status_code == 200
+    wait_until(lambda: f"rid={do}-5 version=1" in handled.log(), 15, "the access log line of the last 500")
+    log = handled.log()
+    assert f"request {do}-0: unexpected error" in log
+    assert f"model wild version 1: Handler.preprocess raised {raised} (handler.py line" in log
+    assert '"POST /v1/models/wild:predict HTTP/1.1" 500' in log and f"rid={do}-0 version=1" in log
+
+
+def test_a_field_preprocess_reads_and_the_request_lacks_is_a_400_naming_it(handled: Server) -> None:
+    answer = handled.post("/v1/models/wild:predict", json={"features": [0.5] * 20})
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {"error": "the request has no field 'rows' (the model's handler needs it)"}
+
+
+def test_a_hanging_handler_answers_504_within_the_deadline_while_other_models_answer(handled: Server) -> None:
+    before = samples(handled)
+    traffic = healthy_traffic(handled)
+    try:
+        def hang() -> tuple[int, float]:
+            started = time.monotonic()
+            answer = requests.post(f"{handled.url}/v1/models/wild:predict", json={"do": "hang"},
+                                   headers={"X-Request-Timeout": "1.5"}, timeout=20)
+            return answer.status_code, time.monotonic() - started
+
+        with ThreadPoolExecutor(4) as pool:
+            hung = list(pool.map(lambda _: hang(), range(4)))
+        finished = len(traffic.answers)
+        wait_until(lambda: len(traffic.answers) > finished + 20, 30, "traffic after the hangs")
+    finally:
+        traffic.finish()
+    assert [status for status, _ in hung] == [504] * 4 and all(1.4 < seconds < 4 for _, seconds in hung), hung
+    assert traffic.failures() == []
+    # while the hung calls held threads of their own, the healthy model kept answering quickly
+    assert max(a[4] for a in traffic.answers) < 1.0, max(a[4] for a in traffic.answers)
+    assert handled.post("/v1/models/wild:predict", json={"rows": [[0.5] * 20]}).status_code == 200
+
+    def counted(scrape: dict) -> float:
+        return (value(scrape, "forkserve_rejected_requests_total", model="wild", reason="deadline")
+                - value(before, "forkserve_rejected_requests_total", model="wild", reason="deadline"))
+
+    after = settled_samples(handled, lambda s: counted(s) >= 4, "the 504s counted")
+    assert counted(after) == 4
+    assert ("forkserve_rejected_requests_total", frozenset({"model": "wild", "reason": "handler_stuck"}.items())) in after
+
+
+def test_postprocess_results_of_several_rows_strings_bytes_and_nan_are_written(handled: Server) -> None:
+    answer = handled.post("/v1/models/encodings:predict", json={"rows": [[0.5] * 20, [0.25] * 20]})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert len(body["second"]) == 2 and all(isinstance(x, float) for x in body["second"])
+    assert body["labels"] == ["cat", "dog"] and body["raw"] == "barolo" and body["missing"] is None
+    assert "model encodings version 1: its handler has no example" in handled.log()
 
 
 def test_metadata_openapi_and_v2_say_what_a_handler_model_takes(handled: Server) -> None:
@@ -209,3 +344,59 @@ def test_the_published_version_directory_holds_the_handler_and_its_files(handled
     assert sorted(p.name for p in published.iterdir()) == ["assets", "handler.py", "model.keras"]
     assert (published / "assets" / "labels.txt").read_text() == "red blue"
     assert handled.get("/v1/models/scored/versions/2/metadata").json()["model_spec"]["version"] == "2"
+
+
+EXITS_IN_SETUP = HANDLER.replace("self.labels = ", "raise SystemExit(3); self.labels = ")
+
+
+@pytest.fixture(scope="module")
+def exits_in_setup(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """1 worker: a model whose only version's setup raises SystemExit(3), a handler model to roll out, a plain one."""
+    repo = tmp_path_factory.mktemp("exit-models")
+    mlp = model_repo / "mlp" / "1" / "model.keras"
+    version_dir(repo, "exits", 1, mlp, EXITS_IN_SETUP)
+    version_dir(repo, "rolled", 1, mlp, HANDLER)
+    shutil.copytree(model_repo / "mlp" / "1", repo / "healthy" / "1")
+    run_dir = tmp_path_factory.mktemp("exit-run")
+    conf = run_dir / "models.toml"
+    conf.write_text("[models.exits]\nhandler = true\n\n[models.rolled]\nhandler = true\n")
+    server = Server(models_dir=repo, run_dir=run_dir, conf_path=conf, workers=1,
+                    env={"FORKSERVE_POLL_INTERVAL": "0.5"}).start()
+    yield server
+    server.stop()
+
+
+def end_reason(server: Server, model: str, version: int) -> str:
+    """The error message of a version whose state is END ("" while it is not)."""
+    statuses = server.get(f"/v1/models/{model}").json().get("model_version_status", [])
+    found = [s for s in statuses if s["version"] == str(version) and s["state"] == "END"]
+    return found[0]["status"]["error_message"] if found else ""
+
+
+def test_a_setup_raising_systemexit_3_at_boot_fails_its_version_and_the_server_serves(exits_in_setup: Server) -> None:
+    assert "Handler setup failed: SystemExit: 3 (handler.py line" in end_reason(exits_in_setup, "exits", 1)
+    assert exits_in_setup.post("/v1/models/healthy:predict", json={"instances": [[0.5] * 20]}).status_code == 200
+    assert exits_in_setup.post("/v1/models/rolled:predict", json={"features": [0.5] * 20}).status_code == 200
+    assert exits_in_setup.process.poll() is None
+
+
+def test_a_version_whose_setup_raises_systemexit_3_fails_at_its_rollout_and_the_master_keeps_serving(
+    exits_in_setup: Server, model_repo: Path, tmp_path: Path,
+) -> None:
+    server = exits_in_setup
+    source = version_dir(tmp_path, "rolled", 2, model_repo / "mlp" / "1" / "model.keras", EXITS_IN_SETUP)
+    traffic = Traffic(f"{server.url}/v1/models/rolled:predict", body={"features": [0.25] * 20})
+    traffic.start(2)
+    try:
+        wait_until(lambda: len(traffic.answers) > 10, 30, "traffic to the served version")
+        staging = server.models_dir / "rolled" / ".incoming-2"  # copied by other tooling than publish, renamed in
+        shutil.copytree(source, staging)
+        os.rename(staging, server.models_dir / "rolled" / "2")
+        reason = wait_until(lambda: end_reason(server, "rolled", 2), 180, "version 2 marked failed")
+        finished = len(traffic.answers)
+        wait_until(lambda: len(traffic.answers) > finished + 20, 30, "traffic after the failed rollout")
+    finally:
+        traffic.finish()
+    assert "Handler setup failed: SystemExit: 3 (handler.py line" in reason, reason
+    assert server.process.poll() is None and len(server.worker_pids()) == 1
+    assert traffic.failures() == [] and {a[2] for a in traffic.answers} == {"1"}

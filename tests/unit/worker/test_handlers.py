@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-import sys
-from types import SimpleNamespace
-
 from server.worker.handlers import HandlerError, check_example, handler_module_name, has_handler, load_handler, model_inputs
+
+# A signature of one float input "x" of shape (None, 1), a model that echoes it as "y", and a model config.
+SIGNATURES = {"serving_default": SimpleNamespace(
+    name="serving_default", batchable=True, strict_shapes=False,
+    inputs={"x": SimpleNamespace(name="x", shape=(None, 1), dtype="float32")})}
+CONFIG = SimpleNamespace(allow_non_finite=False, max_request_rows=64, request_timeout_s=30.0)
+
+
+def echo(name: str, fed: dict) -> dict:
+    return {"y": fed["x"]}
 
 
 def version(root: Path, name: str, source: str) -> Path:
@@ -53,6 +63,12 @@ def test_two_versions_of_one_handler_never_share_module_state(tmp_path: Path) ->
      "Handler setup failed: OSError: no labels (handler.py line 3)"),
     ("class Handler:\n    example = [1, 2]\n", "Handler.example must be a dict"),
     ("class Handler:\n    request_schema = 'any'\n", "Handler.request_schema must be a JSON Schema object"),
+    ("import sys\nclass Handler:\n    def setup(self, d):\n        sys.exit(3)\n",
+     "Handler setup failed: SystemExit: 3 (handler.py line 4)"),
+    ("class Handler:\n    def setup(self, d):\n        raise KeyboardInterrupt\n",
+     "Handler setup failed: KeyboardInterrupt (handler.py line 3)"),
+    ("class Handler:\n    def __init__(self):\n        raise SystemExit\n", "Handler setup failed: SystemExit (handler.py line 3)"),
+    ("import sys\nsys.exit(4)\n", "handler.py failed to import: SystemExit: 4 (handler.py line 2)"),
 ])
 def test_an_unusable_handler_says_why(tmp_path: Path, source: str, reason: str) -> None:
     with pytest.raises(HandlerError, match=None) as raised:
@@ -79,11 +95,8 @@ class Handler:
     def postprocess(self, outputs, body):
         return {"id": body["id"]}
 '''), "forkserve_handler_shared_body")
-    signature = SimpleNamespace(name="serving_default", batchable=True, strict_shapes=False,
-                                inputs={"x": SimpleNamespace(name="x", shape=(None, 1), dtype="float32")})
-    config = SimpleNamespace(allow_non_finite=False, max_request_rows=64)
     with pytest.raises(HandlerError, match="Handler.example failed: KeyError"):
-        check_example(handler, {"serving_default": signature}, config, lambda name, fed: {"y": fed["x"]})
+        check_example(handler, SIGNATURES, CONFIG, echo)
     assert handler.example == {"id": "abc", "x": [1.0]}  # the declared example itself is left as it was
 
 
@@ -92,3 +105,46 @@ def test_preprocess_results_become_named_arrays_or_a_clear_type_error() -> None:
     assert isinstance(inputs["x"], np.ndarray) and inputs["x"].shape == (1, 2)
     with pytest.raises(TypeError, match="must return a dict of input name to array, got list"):
         model_inputs([[1.0, 2.0]])
+
+
+def test_a_syntax_error_names_its_line_once(tmp_path: Path) -> None:
+    with pytest.raises(HandlerError) as raised:
+        load_handler(version(tmp_path, "1", "class Handler:\n    def setup(self, d)\n        pass\n"), "forkserve_handler_syntax")
+    assert str(raised.value) == "handler.py failed to import: SyntaxError: expected ':' (handler.py line 2)"
+
+
+@pytest.mark.parametrize(("step", "statement", "reason"), [
+    ("preprocess", "sys.exit(3)", "Handler.example failed: SystemExit: 3 (handler.py line"),
+    ("preprocess", "raise KeyboardInterrupt", "Handler.example failed: KeyboardInterrupt (handler.py line"),
+    ("postprocess", "sys.exit(1)", "Handler.example failed: SystemExit: 1 (handler.py line"),
+])
+def test_an_example_that_exits_fails_its_version_not_the_process(tmp_path: Path, step: str, statement: str, reason: str) -> None:
+    methods = {"preprocess": 'return {"x": np.array([body["x"]], dtype="float32")}', "postprocess": "return {}"}
+    methods[step] = statement
+    handler = load_handler(version(tmp_path, "1", f'''
+import sys
+import numpy as np
+class Handler:
+    example = {{"x": [1.0]}}
+    def preprocess(self, body):
+        {methods["preprocess"]}
+    def postprocess(self, outputs, body):
+        {methods["postprocess"]}
+'''), f"forkserve_handler_exits_{step}")
+    with pytest.raises(HandlerError) as raised:
+        check_example(handler, SIGNATURES, CONFIG, echo)
+    assert reason in str(raised.value)
+
+
+def test_an_example_that_hangs_fails_within_the_models_deadline(tmp_path: Path) -> None:
+    handler = load_handler(version(tmp_path, "1", '''
+import threading
+class Handler:
+    example = {"x": [1.0]}
+    def preprocess(self, body):
+        threading.Event().wait()
+'''), "forkserve_handler_hangs")
+    started = time.monotonic()
+    with pytest.raises(HandlerError, match=r"Handler.example failed: handler.py: Handler.preprocess did not return within 0.3s"):
+        check_example(handler, SIGNATURES, SimpleNamespace(**{**vars(CONFIG), "request_timeout_s": 0.3}), echo)
+    assert time.monotonic() - started < 3
