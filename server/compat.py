@@ -8,6 +8,7 @@
 | `reserve_metric_file_blocks` | prometheus_client: `MmapedDict.__init__`, `_init_value`, `_f`, `_capacity`, `_used`, `mmap_dict._INITIAL_MMAP_SIZE` | none: sparse files (SIGBUS on a full disk) |
 | `send_responses_in_one_write` | gunicorn: `http.wsgi.Response`, replaced for `wsgi.create` | headers and body in two writes |
 | `ForkserveWorker.worker_connections`, `.max_keepalived` (server/worker/gthread.py) | gunicorn: gthread's loop reads `worker_connections` once per pass, `handle_request` reads `max_keepalived` per request | none: unbalanced connections (tests/e2e/test_connection_balance.py fails) |
+| `_never_halt_once_a_worker_booted` (server/master/hooks.py) | gunicorn: the arbiter's `reap_workers` (called by its SIGCHLD handler) and its `WORKER_BOOT_ERROR` / `APP_LOAD_ERROR` constants | none: a worker's `os._exit(3)` halts the master |
 | `ForkserveWorker.finish_request` (server/worker/gthread.py) | gunicorn: gthread's `finish_request` closes a finished connection with `conn.close(graceful=True)` on the main thread; `conn.sock` | the close lingers on the main thread (up to 2 s per slow client) and drains 64 KiB at most (an unread larger body: a reset, nginx's 502) |
 | `ForkserveWorker.set_accept_enabled` (server/worker/gthread.py) | gunicorn: gthread's `run` calls it with False once `alive` is False; `accept`, `nr_conns`, `sockets` | the listening sockets stay open until the last request is done (a full stop resets what queued meanwhile) |
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+from pathlib import Path
 from typing import Any, NoReturn
 
 from server import compat, connection_board
@@ -19,11 +20,12 @@ from server import run_dir as run_directory
 from server.config import ConfigError, ServerConfig, load_config
 from server.master import cpus
 from server.settings import Settings
-from server.state import read_exit_reason, remove_worker_state, workers_dir
+from server.state import read_exit_reason, read_worker_states, remove_worker_state, workers_dir
 from server.target import FAILED_FILE, TARGET_FILE
 from server.telemetry import write_errors
 
 log = logging.getLogger("forkserve.master")
+NEVER_AN_EXIT_STATUS = -1  # what the arbiter's boot-error constants become once a worker has booted
 
 _controller: Any = None  # the master's RolloutController (one per master process)
 _start_config = ServerConfig()  # what on_starting validated; the controller starts from it
@@ -90,7 +92,29 @@ def when_ready(server: Any) -> None:
     )
     _controller.publish_initial_target()
     server.handle_hup = lambda: _controller.request_reload("SIGHUP")
+    _never_halt_once_a_worker_booted(server, settings.run_dir)
     _controller.start()
+
+
+def _never_halt_once_a_worker_booted(server: Any, run_dir: Path) -> None:
+    """Master: once a worker has loaded, no worker's exit status halts the whole server.
+
+    NOTE: gunicorn's reap_workers halts the master when a worker exits with 3 (boot error) or 4
+    (app load error): right while no worker can start at all, an outage of every model when user
+    code in a booted worker calls os._exit(3), which no hook can catch. Before each reap (SIGCHLD,
+    main thread) this looks for a worker that reported loaded (the dying one's state file is
+    still there) and then shadows the arbiter's two constants with a status no process exits
+    with, for good; a worker's own later boot error (spawn_worker's sys.exit of the same
+    attribute) then exits 255 and is respawned like any crash.
+    """
+    reap = server.reap_workers
+
+    def reap_workers() -> None:
+        if server.WORKER_BOOT_ERROR != NEVER_AN_EXIT_STATUS and any(s.loaded for s in read_worker_states(run_dir).values()):
+            server.WORKER_BOOT_ERROR = server.APP_LOAD_ERROR = NEVER_AN_EXIT_STATUS
+        reap()
+
+    server.reap_workers = reap_workers
 
 
 def on_exit(server: Any) -> None:

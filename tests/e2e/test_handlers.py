@@ -52,6 +52,7 @@ class Handler:
 '''
 # A handler that does what a handler should never do, on request: exit, interrupt, hang, read a missing field.
 WILD = '''
+import os
 import sys
 import threading
 import numpy as np
@@ -68,6 +69,8 @@ class Handler:
             sys.exit(1)
         if do == "interrupt":
             raise KeyboardInterrupt
+        if do == "os_exit3":
+            os._exit(3)  # no hook can catch it: the worker goes, the master must not
         if do == "hang":
             threading.Event().wait()
         return {"features": np.asarray(body["rows"], dtype=np.float32)}
@@ -400,3 +403,15 @@ def test_a_version_whose_setup_raises_systemexit_3_fails_at_its_rollout_and_the_
     assert "Handler setup failed: SystemExit: 3 (handler.py line" in reason, reason
     assert server.process.poll() is None and len(server.worker_pids()) == 1
     assert traffic.failures() == [] and {a[2] for a in traffic.answers} == {"1"}
+
+
+def test_a_handler_that_calls_os_exit_3_costs_its_worker_not_the_server(handled: Server) -> None:
+    """os._exit(3) skips every hook: the worker goes, and the master (which reads 3 as a boot error) stays."""
+    workers = handled.worker_pids()
+    with pytest.raises(requests.ConnectionError):
+        requests.post(f"{handled.url}/v1/models/wild:predict", json={"do": "os_exit3", "rows": [[0.5] * 20]}, timeout=30)
+    wait_until(lambda: len(set(handled.worker_pids()) - set(workers)) == 1 and len(handled.worker_pids()) == 2, 120,
+               "a replacement worker")
+    assert handled.process.poll() is None, handled.log()
+    assert handled.post("/v1/models/scored:predict", json={"features": [0.5] * 20}).status_code == 200
+    assert "exited with code 3" in handled.log() and "Worker failed to boot" not in handled.log()
