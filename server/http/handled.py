@@ -25,6 +25,7 @@ from server.http import instrument
 from server.http.codecs import jsonio, tfserving
 from server.http.common import flask_request_timeout, predict
 from server.telemetry import metrics
+from server.telemetry.lines import LineLimit
 from server.worker.handler_pool import HandlerRaised, HandlerStuck, HandlerTimeout
 from server.worker.handlers import describe_failure, model_inputs
 from server.worker.registry import ModelVersion
@@ -39,7 +40,7 @@ CLIENT_ERRORS: dict[str, tuple[type[BaseException], ...]] = {
     "preprocess": (ValueError, KeyError, TypeError),
     "postprocess": (ValueError,),
 }
-CLIENT_ERROR_LOG_LIMIT = instrument.LineLimit(per_second=5)
+CLIENT_ERROR_LOG_LIMIT = LineLimit(per_second=5)
 MODEL_STEP = "the model"
 # The request waits this much past its deadline for the flow: a model that is late answers its own
 # 504 from the flow (common.infer), so it is counted once.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ from flask import Response
 from server.settings import Settings
 from server.telemetry import metrics
 from server.telemetry.buffer import BUFFER
+from server.telemetry.lines import LineLimit
 
 log = logging.getLogger("forkserve.slow")
 
@@ -97,9 +97,11 @@ def record(status: int) -> None:
         model = inference.model
         BUFFER.add(metrics.REQUESTS, (model, inference.version, inference.api, str(status)), 1)
         BUFFER.add(metrics.REQUEST_SECONDS, (model, inference.api), time.perf_counter() - inference.started)
-        for name, stage_seconds in inference.stages.items():
+        # NOTE: a copy (one C call, under the GIL): a handler's flow that outlived its request's 504 may still add stages
+        stages = dict(inference.stages)
+        for name, stage_seconds in stages.items():
             BUFFER.add(metrics.STAGE_SECONDS, (model, name), stage_seconds)
-        _log_if_slow(inference, status)
+        _log_if_slow(inference, status, stages)
 
 
 def release(_: BaseException | None = None) -> None:
@@ -110,7 +112,7 @@ def release(_: BaseException | None = None) -> None:
         BUFFER.add(metrics.INFLIGHT_REQUESTS, (inference.model,), -1)
 
 
-def _log_if_slow(inference: Inference, status: int) -> None:
+def _log_if_slow(inference: Inference, status: int, stages: dict[str, float]) -> None:
     """One line with the stage times of a request slower than FORKSERVE_SLOW_REQUEST_MS: where its time went."""
     threshold = Settings.current().slow_request_ms
     total = time.perf_counter() - inference.started
@@ -121,37 +123,10 @@ def _log_if_slow(inference: Inference, status: int) -> None:
         return
     if suppressed:
         log.warning("%d more slow requests were not logged (at most %d lines a second)", suppressed, SLOW_LOG_LIMIT.per_second)
-    stages = " ".join(f"{name}={seconds * 1000:.2f}" for name, seconds in inference.stages.items())
-    other = total - sum(inference.stages.values())
+    times = " ".join(f"{name}={seconds * 1000:.2f}" for name, seconds in stages.items())
+    other = total - sum(stages.values())
     log.warning("slow request %s: %s %s version=%s status=%d total_ms=%.2f %s other=%.2f", inference.request_id,
-                inference.model, inference.api, inference.version, status, total * 1000, stages, other * 1000)
-
-
-class LineLimit:
-    """At most `per_second` log lines a second; the rest are counted and reported with the next line let through.
-
-    NOTE: under overload every request is slow; one synchronous line each would add to the overload.
-    """
-
-    def __init__(self, per_second: int) -> None:
-        self.per_second = per_second
-        self._lock = threading.Lock()
-        self._second = 0
-        self._lines = 0
-        self._suppressed = 0
-
-    def admit(self) -> int | None:
-        """None: do not log; else log, after reporting this many suppressed lines (0: none)."""
-        second = int(time.monotonic())
-        with self._lock:
-            if second != self._second:
-                self._second, self._lines = second, 0
-            if self._lines >= self.per_second:
-                self._suppressed += 1
-                return None
-            self._lines += 1
-            suppressed, self._suppressed = self._suppressed, 0
-            return suppressed
+                inference.model, inference.api, inference.version, status, total * 1000, times, other * 1000)
 
 
 SLOW_LOG_LIMIT = LineLimit(per_second=20)

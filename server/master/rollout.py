@@ -115,9 +115,12 @@ class RolloutController:
         self._wake = threading.Event()
         self._given_up = ""  # generation a rollout gave up on: not retried until something changes
         self._published_reports: tuple[object, dict[str, str]] = (self.config.problem, {})
+        self._unpublished = False  # the last target write failed (a full run directory): write it again
+        self._gauges_synced = False  # forkserve_version_failed set from failed.json (once, at start)
         self._told: set[tuple[str, ...]] = set()  # repository and settings problems logged once each
         self._waiting_for: str = ""  # the generation a rollout waits to fold with directories still settling
         self.unservable: dict[str, str] = {}  # models left out of the target, with why (the last _desired)
+        self.current = Target()  # what the workers run: nothing yet
         self.current = self._desired("start", trust_all=True)
         self._thread = threading.Thread(target=self._loop, name="forkserve-rollout", daemon=True)
 
@@ -174,7 +177,7 @@ class RolloutController:
         self._count_deaths({})
         desired = self._desired("reload" if forced else "repository or configuration changed")
         if not forced and desired.generation == self.current.generation and not self._stragglers():
-            if (self.config.problem, self.unservable) != self._published_reports:
+            if self._unpublished or (self.config.problem, self.unservable) != self._published_reports:
                 self._publish(self.current)  # workers show the problems in /readyz and model status
             return
         if not forced and desired.generation == self._given_up:
@@ -218,7 +221,7 @@ class RolloutController:
         config = self.config.refresh()
         self.settled = self.scanner.scan(trust_all)
         self._tell_about_the_repository(config)
-        failed = self._fail_unloadable(config)
+        failed = self._drop_stale_marks(self._fail_unloadable(config), config)
         usable, why_empty = {}, {}
         for name, sources in self.settled.items():
             usable[name] = [s for s in sources if not self._is_failed(s, failed, config)]
@@ -233,11 +236,40 @@ class RolloutController:
         self.unservable = target.unservable
         return target
 
+    def _drop_stale_marks(self, failed: dict[str, dict[int, FailedVersion]], config: ServerConfig) -> dict[str, dict[int, FailedVersion]]:
+        """Forget marks whose version's files or settings changed since (tried again if the policy selects it): the marks left.
+
+        The gauge of every mark is set on the first call: failed.json outlives a master that was killed.
+        """
+        stale = [(s.model, s.version) for sources in self.settled.values() for s in sources
+                 if s.version in failed.get(s.model, {}) and not self._is_failed(s, failed, config)]
+        for model, version in stale:
+            del failed[model][version]
+            log.info("forkserve: model %s version %s, marked failed, changed (files or settings): it may be tried again",
+                     model, version)
+        if stale:
+            write_failed(self.run_dir, failed)
+        gauges = {key: 0 for key in stale}
+        if not self._gauges_synced:
+            gauges.update({(model, version): 1 for model, versions in failed.items() for version in versions})
+            self._gauges_synced = True
+        for (model, version), on in gauges.items():
+            record_metric(lambda m, k=(model, str(version)), on=on: m.VERSION_FAILED.labels(*k).set(on))
+        return failed
+
     def _fail_unloadable(self, config: ServerConfig) -> dict[str, dict[int, FailedVersion]]:
         """Mark failed at once the settled versions no worker could load (unreadable, no model file, ambiguous): the failed versions."""
         failed = read_failed(self.run_dir)
-        problems = {(s.model, s.version): s.problem for sources in self.settled.values() for s in sources
-                    if s.problem and not self._is_failed(s, failed, config)}
+        serving = self._served_versions() | {(m, v) for m, versions in self.current.intended().items() for v in versions}
+        problems = {}
+        for source in (s for sources in self.settled.values() for s in sources if s.problem):
+            key = (source.model, source.version)
+            if key in serving:  # NOTE: an I/O error or a file dropped in must not take a served model out of service
+                self._tell_once(("served problem", source.model, str(source.version), source.problem),
+                                "forkserve: model %s version %s is served, but its directory now reads as unloadable "
+                                "(%s); running workers keep the copy they loaded", source.model, source.version, source.problem)
+            elif not self._is_failed(source, failed, config):
+                problems[key] = source.problem
         if not problems:
             return failed
         self._mark_failed(problems)
@@ -255,7 +287,7 @@ class RolloutController:
         for name, sources in self.settled.items():
             for entry, why in stray_entries(self.scanner.models_dir / name).items():
                 self._tell_once(("stray", name, entry, why), "forkserve: model %s: %s %s", name, entry, why)
-        for name in sorted(set(config.models) - set(self.settled)):
+        for name in sorted(n for n in set(config.models) - set(self.settled) if not _is_dir(self.scanner.models_dir / n)):
             self._tell_once(("settings", name, self.config.path.name),
                             "forkserve: %s has settings for model %s, but the repository has no model %s "
                             "(renamed or removed?); they apply to nothing", self.config.path, name, name)
@@ -284,8 +316,10 @@ class RolloutController:
         for name in set(self._published_reports[1]) | set(self.unservable):
             record_metric(lambda m, name=name: m.MODEL_UNSERVABLE.labels(name).set(1 if name in self.unservable else 0))
         self._published_reports = (self.config.problem, self.unservable)
+        self._unpublished = True
         write_target(self.run_dir, dataclasses.replace(target, config_problem=self.config.problem,
                                                        unservable=self.unservable))
+        self._unpublished = False
 
     # --- one rollout ---
 
@@ -316,10 +350,16 @@ class RolloutController:
                 return "succeeded"
             if outcome.kind == VERSIONS_FAILED:
                 log.error("forkserve: rollout to %s aborted, old workers keep serving: %s", target.generation, outcome.detail)
-                self._mark_failed(outcome.failed)
-                self._fall_back(previous)
+                try:
+                    self._mark_failed(outcome.failed)
+                finally:  # NOTE: a full run directory must not leave target.json on the abandoned target
+                    self._fall_back(previous)
                 return "failed"
-            blamed = self._count_deaths({outcome.pid: outcome.detail} if outcome.pid else {})
+            try:
+                blamed = self._count_deaths({outcome.pid: outcome.detail} if outcome.pid else {})
+            except BaseException:
+                self._fall_back(previous)
+                raise
             if blamed & new_versions:
                 log.error("forkserve: rollout to %s aborted, old workers keep serving: %s", target.generation, outcome.detail)
                 self._fall_back(previous)
@@ -341,7 +381,10 @@ class RolloutController:
     def _fall_back(self, previous: Target) -> None:
         """After a failed rollout: workers started from now on load what the old workers run."""
         self.current = previous
-        self._publish(previous)
+        try:
+            self._publish(previous)
+        except OSError:  # reported by write_json; the next poll writes it again
+            pass
         ahead = [pid for pid, state in read_worker_states(self.run_dir).items()
                  if state.generation not in ("", previous.generation) and pid in self.fleet.pids()]
         if ahead:
@@ -500,7 +543,7 @@ class RolloutController:
         failed = read_failed(self.run_dir)
         models_dir = self.scanner.models_dir
         recovered = [(m, v) for m, versions in failed.items() for v in versions if (m, v) in served]
-        removed = [(m, v) for m, versions in failed.items() for v in versions if not (models_dir / m / str(v)).is_dir()]
+        removed = [(m, v) for m, versions in failed.items() for v in versions if not _is_dir(models_dir / m / str(v))]
         for model, version in recovered:
             log.info("forkserve: model %s version %s, once failed, is served now", model, version)
         for model, version in set(recovered) | set(removed):
@@ -536,6 +579,14 @@ class RolloutController:
             record_metric(lambda m, k=(model, str(version)): m.ROLLOUT_FAILED_VERSIONS.labels(*k).inc())
             record_metric(lambda m, k=(model, str(version)): m.VERSION_FAILED.labels(*k).set(1))
         write_failed(self.run_dir, failed)
+
+
+def _is_dir(path: Path) -> bool:
+    """Path.is_dir, True for a directory we may not search (EACCES): it is there, not removed."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return True
 
 
 def _new_versions(target: Target, previous: Target) -> set[VersionKey]:

@@ -18,9 +18,11 @@ import threading
 import time
 from typing import Any, Callable
 
+from server.telemetry.lines import LineLimit
 from server.worker.reply import Reply, ReplyTimeout
 
 log = logging.getLogger("forkserve.handlers")
+OVERDUE_LOG_LIMIT = LineLimit(per_second=5)  # NOTE: under overload every call may be late: not a line each
 
 
 class HandlerRaised(Exception):
@@ -96,7 +98,7 @@ class HandlerPool:
                     if not work.finished:
                         work.overdue = True
                         self._overdue += 1
-                if work.overdue:
+                if work.overdue and OVERDUE_LOG_LIMIT.admit() is not None:
                     log.warning("%s: %s did not return within its deadline (%.3gs); its thread is held until it "
                                 "returns (%d of %d held)", self.name, what, timeout, self._overdue, self.size)
             raise HandlerTimeout(f"{self.name}: {what} did not return within {timeout:.3g}s") from None
@@ -127,7 +129,7 @@ class HandlerPool:
                 self._pending -= 1
                 if work.overdue:
                     self._overdue -= 1
-            if work.overdue:
+            if work.overdue and OVERDUE_LOG_LIMIT.admit() is not None:
                 log.warning("%s: an overdue handler call returned after %.1fs; its thread is free again",
                             self.name, time.monotonic() - work.started)
             work.method = work.args = None  # type: ignore[assignment]  # drop the body and arrays now

@@ -159,7 +159,7 @@ def exit_code(error: BaseException | None, booted: bool = False) -> int:
         code = 0 if error.code is None else error.code if isinstance(error.code, int) else 1
     else:
         code = 0 if error is None else 1
-    return 1 if booted and code in BOOT_ERROR_CODES else code
+    return 1 if booted and code & 0xFF in BOOT_ERROR_CODES else code  # NOTE: the status is the low byte: 259 is 3
 
 
 def exit_reason(error: BaseException | None, stopping: bool) -> str:

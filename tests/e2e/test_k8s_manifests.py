@@ -132,8 +132,18 @@ def test_the_overlay_sets_the_image_autoscales_on_the_queue_and_carries_the_aler
     metrics = {m["type"]: m for m in docs["HorizontalPodAutoscaler"]["spec"]["metrics"]}
     assert metrics["Pods"]["pods"]["metric"]["name"] == "forkserve_queue_rows" and "Resource" in metrics
     assert docs["PrometheusRule"]["spec"] == yaml.safe_load((ROOT / "conf" / "alerts.yml").read_text())
-    publish = docs["Job"]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert publish[:4] == ["python", "-m", "server", "publish"] and publish[-2:] == ["--models", "/models"]
+    job = docs["Job"]["spec"]["template"]["spec"]
+    publish = job["containers"][0]["command"]
+    assert publish[:4] == ["python", "-m", "server", "publish"] and publish[-4:-2] == ["--models", "/models"]
+    # publish validates with the settings the pods serve with: the same generated ConfigMap, at FORKSERVE_CONF
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    conf_path = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}["FORKSERVE_CONF"]
+    assert publish[-2:] == ["--conf", conf_path]
+    mounted = {m["mountPath"]: m["name"] for m in job["containers"][0]["volumeMounts"]}
+    job_maps = {v["name"]: v["configMap"]["name"] for v in job["volumes"] if "configMap" in v}
+    pod_maps = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    generated = job_maps[mounted[conf_path.rsplit("/", 1)[0]]]
+    assert pod_maps == {generated} and generated.startswith("forkserve-models-toml-")  # kustomize's hashed name in both
 
 
 def test_the_annotation_scrape_config_keeps_the_pods_the_deployment_annotates() -> None:

@@ -384,3 +384,57 @@ def test_a_version_no_worker_could_load_is_failed_by_the_master_without_a_rollou
     reason = read_failed(fx.run_dir)["a"][2].reason
     assert reason.startswith("no model file") and "move the content of export/ up into 2/" in reason
     assert set(fx.loaded()) == before and read_target(fx.run_dir).intended() == {"a": [1], "b": [4]}
+
+
+def test_a_served_version_whose_directory_turns_unloadable_keeps_serving_and_is_reported_once(
+    fx: Fixture, caplog: pytest.LogCaptureFixture,
+) -> None:
+    before = set(fx.loaded())
+    (fx.models / "a" / "1" / "extra.h5").write_bytes(b"x")  # two model files now: a new worker could not load it
+    for _ in range(4):
+        fx.controller.poll()
+    assert read_failed(fx.run_dir) == {} and set(fx.loaded()) == before
+    assert read_target(fx.run_dir).intended() == {"a": [1], "b": [4]}
+    told = [r.message for r in caplog.records if "is served, but its directory now reads as unloadable" in r.message]
+    assert len(told) == 1 and "several model files" in told[0]
+
+
+def test_a_run_directory_that_refuses_the_failed_mark_still_falls_back(fx: Fixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    import server.master.rollout as rollout
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    fx.arbiter.boot = failing({("a", 2)})
+    add_version(fx.models, "a", 2)
+    monkeypatch.setattr(rollout, "write_failed", full)  # the disk fills between the poll's probe and the mark
+    with pytest.raises(OSError):
+        fx.settle()
+    assert read_target(fx.run_dir).intended() == {"a": [1], "b": [4]}  # respawned workers load what runs
+
+
+def test_a_failed_mark_whose_version_changed_is_forgotten_even_when_a_newer_version_serves(fx: Fixture) -> None:
+    fx.arbiter.boot = failing({("a", 2)})
+    bad = add_version(fx.models, "a", 2)
+    fx.settle()
+    fx.arbiter.boot = serve_intended
+    add_version(fx.models, "a", 3)
+    fx.settle()
+    assert fx.serving() == [{"a": [3], "b": [4]}] * WORKERS and 2 in read_failed(fx.run_dir)["a"]
+    (bad / "model.keras").write_bytes(os.urandom(64))  # fixed, but superseded: the policy never loads it again
+    fx.controller.poll()
+    fx.controller.poll()
+    assert read_failed(fx.run_dir) == {}
+
+
+def test_settings_that_arrive_with_their_model_s_first_copy_are_not_called_stray(
+    fx: Fixture, caplog: pytest.LogCaptureFixture,
+) -> None:
+    fx.conf.write_text("[models.c]\nmax_batch_size = 8\n")
+    copying = add_version(fx.models, "c", 1)
+    for size in (100, 200, 300):  # still being copied over three polls
+        (copying / "model.keras").write_bytes(os.urandom(size))
+        fx.controller.poll()
+    assert not [r for r in caplog.records if "settings for model c" in r.message]

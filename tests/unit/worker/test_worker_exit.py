@@ -15,7 +15,7 @@ from server.worker.hooks import exit_code, exit_reason
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("code", [3, 4])
+@pytest.mark.parametrize("code", [3, 4, 259, 260, -253])  # the exit status is the low byte: 259 leaves as 3
 def test_a_worker_past_its_boot_never_leaves_with_a_boot_error_code(code: int) -> None:
     assert exit_code(SystemExit(code), booted=True) == 1
     assert exit_code(SystemExit(code), booted=False) == code  # the app itself cannot load: gunicorn halts, as it should
