@@ -34,3 +34,9 @@ def test_the_settings_are_the_model_s_table_over_the_defaults(tmp_path: Path) ->
     conf.write_text("[models.a]\nhandler = 1\n")
     with pytest.raises(ValidationFailed, match=r"handler must be true or false.*the settings the server would apply to a"):
         model_settings("a", conf)
+
+
+def test_a_settings_file_that_does_not_exist_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert model_settings("digits", tmp_path / "missing.toml").handler is False
+    assert [r.message for r in caplog.records] == [
+        f"warning: {tmp_path / 'missing.toml'} does not exist: checking with the default settings (pass the server's file with --conf)"]
