@@ -4,7 +4,8 @@ The TensorFlow call is not here: preprocess's arrays go through the same validat
 same executor queue as a plain request (server.http.common.predict), so requests through a
 handler are batched with each other. The flow runs on a thread of the version's own pool
 (server.worker.handler_pool) and the request thread waits for it with the request's deadline:
-a handler that hangs costs its requests a 504, never the worker's request threads.
+a handler that hangs costs its requests a 504 and holds each waiting request thread at most that
+deadline; once the version's threads are all held past it, its requests are refused at once.
 
 What a handler raises is sorted here (docs/handlers.md): the client's fault is a 400 with its
 message, anything else (SystemExit and KeyboardInterrupt included) a 500 for this request only,

@@ -2,8 +2,8 @@
 
 Runs in workers (and in `publish`'s checking child); no TensorFlow. A request thread hands the
 handler's preprocess or postprocess to the version's pool and waits with what is left of its
-deadline. A handler that hangs then holds its own pool's threads, not the worker's request
-threads: the request gets its 504 and the other models keep answering.
+deadline. A handler that hangs then holds its own pool's threads, and each waiting request
+thread at most until its deadline: the request gets its 504 and the thread serves again.
 
 NOTE: Python cannot stop a thread. A call that outlives its deadline keeps its pool thread until
 it returns (its result is dropped); while every thread of the pool is held that way, calls are
