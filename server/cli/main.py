@@ -27,6 +27,12 @@ def _report_to_stderr(command: str) -> None:
     logger.propagate = False
 
 
+def _warn_about_a_missing_conf(args: argparse.Namespace, command: str) -> None:
+    """A --conf that names no file: checked with the defaults, as the server would, but likely a typo or a missing mount."""
+    if args.conf is not None and not args.conf.exists():
+        print(f"{command}: warning: {args.conf} does not exist: checking with the default settings", file=sys.stderr)
+
+
 def _models(args: argparse.Namespace) -> Path:
     return (args.models or Settings.from_env().models_dir).resolve()
 
@@ -37,6 +43,7 @@ def _publish(args: argparse.Namespace) -> int:
     Every failure is one line, `publish failed: <reason>`, and exit status 1.
     """
     _report_to_stderr("publish")
+    _warn_about_a_missing_conf(args, "publish")
     try:
         models = _models(args)
         version = publish(args.name, args.source, models, conf=args.conf, change_request_shape=args.change_request_shape)
@@ -54,6 +61,7 @@ def _publish(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     """Check SOURCE as the next version of NAME without publishing; always print the verdict."""
     _report_to_stderr("validate")
+    _warn_about_a_missing_conf(args, "validate")
     try:
         source = args.source.resolve()
         source_kind(source)

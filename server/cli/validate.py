@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -39,9 +38,6 @@ class ValidationFailed(Exception):
 
 def model_settings(name: str, conf: Path) -> ModelConfig:
     """The settings the server applies to model `name` (conf/models.toml, or defaults without one)."""
-    if not conf.exists():  # NOTE: the server's own rule, but a wrong --conf would check with the wrong settings
-        logging.getLogger("forkserve.publish").warning(
-            "warning: %s does not exist: checking with the default settings (pass the server's file with --conf)", conf)
     try:
         return load_config(conf).for_model(name)
     except ConfigError as exc:

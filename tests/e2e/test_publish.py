@@ -249,7 +249,7 @@ def test_the_readme_s_publish_example_works_on_the_demo(tmp_path: Path) -> None:
     assert len(commands) == 2, block
     models, scratch = tmp_path / "models", tmp_path / "scratch"
     shutil.copytree(ROOT / "models", models)
-    script = "\n".join(commands).replace(".venv/bin/python", sys.executable).replace("/tmp/", f"{scratch}/")
+    script = "\n".join(commands).replace("/tmp/", f"{scratch}/").replace(".venv/bin/python", sys.executable)
     scratch.mkdir()
     done = subprocess.run(["sh", "-e", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "FORKSERVE_MODELS": str(models)})

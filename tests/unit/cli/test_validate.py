@@ -36,7 +36,10 @@ def test_the_settings_are_the_model_s_table_over_the_defaults(tmp_path: Path) ->
         model_settings("a", conf)
 
 
-def test_a_settings_file_that_does_not_exist_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    assert model_settings("digits", tmp_path / "missing.toml").handler is False
-    assert [r.message for r in caplog.records] == [
-        f"warning: {tmp_path / 'missing.toml'} does not exist: checking with the default settings (pass the server's file with --conf)"]
+def test_a_conf_given_that_does_not_exist_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from server.cli.main import main
+
+    assert main(["validate", "digits", str(tmp_path / "no-such-model"), "--conf", str(tmp_path / "missing.toml")]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"validate: warning: {tmp_path / 'missing.toml'} does not exist: checking with the default settings"
+    assert lines[1].startswith("validate: ") and "no such file or directory" in lines[1]
