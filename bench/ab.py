@@ -17,13 +17,18 @@ import collections
 import contextlib
 import statistics
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import models
-from bench.common import NoisyNeighbour, arguments, process_cpu_seconds, save_table
+from bench.common import NoisyNeighbour, arguments, batching_totals, process_cpu_seconds, rss_mib, save_table
 from bench.load import LoadResult, run_wrk
 from bench.run import request_bodies
 from tests.e2e.harness import Server
+
+METRICS_SETTLE_SECONDS = 1.2  # a worker writes its metrics every 0.5 s (server.telemetry.flusher)
+
 
 def parse_env(assignments: list[str]) -> dict[str, str]:
     """["NAME=value", ...] -> a dict (an empty list is the defaults)."""
@@ -35,27 +40,46 @@ def worker_cpu_seconds(server: Server) -> float:
     return process_cpu_seconds(server.worker_pids())
 
 
-def cell(server: Server, workload: str, body: bytes, connections: int, seconds: float) -> tuple[LoadResult, float]:
-    """One wrk run after a 1 s warm-up: its result and the workers' CPU milliseconds per request."""
+@dataclass
+class Cell:
+    """One measurement: wrk's result and what the server's workers report of it."""
+
+    load: LoadResult
+    cpu_ms: float  # workers' CPU per request
+    batch_rows: float  # mean rows per TensorFlow call
+    thread_wait_ms: float  # mean wait for a request thread
+    rss_mib: float  # per worker, at the end
+
+
+def cell(server: Server, workload: str, body: bytes, connections: int, seconds: float) -> Cell:
+    """One wrk run after a 1 s warm-up, with the workers' CPU, batch sizes and thread waits over it."""
     url = f"{server.url}/v1/models/{workload}:predict"
     run_wrk(url, body, connections, 1)
+    time.sleep(METRICS_SETTLE_SECONDS)
+    totals = batching_totals(server.url, workload)
     before = worker_cpu_seconds(server)
     result = run_wrk(url, body, connections, seconds)
-    return result, (worker_cpu_seconds(server) - before) / max(result.requests, 1) * 1000
+    cpu_ms = (worker_cpu_seconds(server) - before) / max(result.requests, 1) * 1000
+    rss = rss_mib(server.worker_pids())
+    time.sleep(METRICS_SETTLE_SECONDS)
+    after = batching_totals(server.url, workload)
+    calls, rows = after["calls"] - totals["calls"], after["rows"] - totals["rows"]
+    waits, waited = after["waits"] - totals["waits"], after["wait_seconds"] - totals["wait_seconds"]
+    return Cell(result, cpu_ms, rows / calls if calls else 0.0, waited / waits * 1000 if waits else 0.0, rss)
 
 
 def main() -> None:
     parser = arguments(__doc__, seconds=6.0)
     parser.add_argument("--a", nargs="*", default=[], metavar="NAME=value", help="environment of server A")
     parser.add_argument("--b", nargs="*", default=[], metavar="NAME=value", help="environment of server B")
-    parser.add_argument("--workloads", nargs="+", default=["mlp", "cnn"], choices=("mlp", "cnn"))
+    parser.add_argument("--workloads", nargs="+", default=["mlp", "cnn"], choices=models.WORKLOADS)
     parser.add_argument("--connections", nargs="+", type=int, default=[1, 16, 64])
     parser.add_argument("--noisy", action="store_true", help="also measure with one core kept busy")
     args = parser.parse_args()
     bodies = request_bodies()
-    measured: dict[tuple, list[tuple[LoadResult, float]]] = collections.defaultdict(list)
+    measured: dict[tuple, list[Cell]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="forkserve-ab-") as work:
-        models.build(Path(work) / "models")
+        models.build(Path(work) / "models", tuple(args.workloads))
         servers = {
             name: Server(models_dir=Path(work) / "models", run_dir=Path(work) / f"run-{name}", workers=2,
                          env={"TF_CPP_MIN_LOG_LEVEL": "3", **parse_env(assignments)})
@@ -71,12 +95,14 @@ def main() -> None:
                         for connections in args.connections:
                             for name in order:
                                 with NoisyNeighbour() if condition == "noisy" else contextlib.nullcontext():
-                                    result, cpu = cell(servers[name], workload, bodies[workload], connections, args.seconds)
-                                measured[(condition, workload, connections, name)].append((result, cpu))
+                                    done = cell(servers[name], workload, bodies[workload], connections, args.seconds)
+                                measured[(condition, workload, connections, name)].append(done)
+                                result = done.load
                                 print(f"round {round_number + 1} {condition} {workload} c={connections:<3d} {name} "
                                       f"{result.requests_per_second:8.1f} req/s p50 {result.p50_seconds * 1000:6.2f} "
-                                      f"p99 {result.p99_seconds * 1000:7.2f} cpu/req {cpu:.3f} ms errors {result.errors}",
-                                      flush=True)
+                                      f"p99 {result.p99_seconds * 1000:7.2f} cpu/req {done.cpu_ms:.3f} ms "
+                                      f"batch {done.batch_rows:.1f} thread wait {done.thread_wait_ms:.2f} ms "
+                                      f"rss {done.rss_mib:.0f} MiB errors {result.errors}", flush=True)
         finally:
             for server in servers.values():
                 server.stop()
@@ -87,24 +113,26 @@ def report(measured: dict, args: argparse.Namespace) -> str:
     """One row per cell and server: medians [min-max], and B against A."""
     lines = [f"# A: {' '.join(args.a) or '(defaults)'}  B: {' '.join(args.b) or '(defaults)'}", "",
              f"2 workers each, wrk -t1, {args.rounds} interleaved rounds of {args.seconds:.0f} s, median [min-max]", "",
-             "| condition | workload | conc. | server | req/s | p50 ms | p99 ms | slowest ms | worker CPU ms/req | errors | B/A req/s | B/A CPU |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| condition | workload | conc. | server | req/s | p50 ms | p99 ms | slowest ms | worker CPU ms/req "
+             "| rows per TF call | thread wait ms | worker RSS MiB | errors | B/A req/s | B/A CPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(measured):
         condition, workload, connections, name = key
         runs = measured[key]
-        rps = [r.requests_per_second for r, _ in runs]
-        cpu = statistics.median(c for _, c in runs)
+        rps = [c.load.requests_per_second for c in runs]
+        cpu = statistics.median(c.cpu_ms for c in runs)
         ratios = " |"
         if name == "B":
             a_runs = measured[(condition, workload, connections, "A")]
-            ratios = (f"{statistics.median(rps) / statistics.median(r.requests_per_second for r, _ in a_runs):.2f} | "
-                      f"{cpu / statistics.median(c for _, c in a_runs):.2f}")
+            ratios = (f"{statistics.median(rps) / statistics.median(c.load.requests_per_second for c in a_runs):.2f} | "
+                      f"{cpu / statistics.median(c.cpu_ms for c in a_runs):.2f}")
         lines.append(
             f"| {condition} | {workload} | {connections} | {name} | {statistics.median(rps):.0f} [{min(rps):.0f}-{max(rps):.0f}] "
-            f"| {statistics.median(r.p50_seconds for r, _ in runs) * 1000:.2f} "
-            f"| {statistics.median(r.p99_seconds for r, _ in runs) * 1000:.2f} "
-            f"| {statistics.median(r.max_seconds for r, _ in runs) * 1000:.1f} | {cpu:.3f} "
-            f"| {sum(r.errors for r, _ in runs)} | {ratios} |"
+            f"| {statistics.median(c.load.p50_seconds for c in runs) * 1000:.2f} "
+            f"| {statistics.median(c.load.p99_seconds for c in runs) * 1000:.2f} "
+            f"| {statistics.median(c.load.max_seconds for c in runs) * 1000:.1f} | {cpu:.3f} "
+            f"| {statistics.median(c.batch_rows for c in runs):.1f} | {statistics.median(c.thread_wait_ms for c in runs):.2f} "
+            f"| {statistics.median(c.rss_mib for c in runs):.0f} | {sum(c.load.errors for c in runs)} | {ratios} |"
         )
     return "\n".join(lines) + "\n"
 

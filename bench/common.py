@@ -56,3 +56,34 @@ def process_cpu_seconds(pids: list[int]) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def batching_totals(base_url: str, model: str) -> dict[str, float]:
+    """A server's running totals for `model`: TF calls and their rows, requests and their wait for a request thread."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {"calls": 0.0, "rows": 0.0, "waits": 0.0, "wait_seconds": 0.0}
+    text = requests.get(f"{base_url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("model") != model:
+                continue
+            if sample.name == "forkserve_batch_size_rows_count":
+                totals["calls"] += sample.value
+            elif sample.name == "forkserve_batch_size_rows_sum":
+                totals["rows"] += sample.value
+            elif sample.labels.get("stage") == "thread_wait" and sample.name.endswith("_count"):
+                totals["waits"] += sample.value
+            elif sample.labels.get("stage") == "thread_wait" and sample.name.endswith("_sum"):
+                totals["wait_seconds"] += sample.value
+    return totals
+
+
+def rss_mib(pids: list[int]) -> float:
+    """Resident set size of these processes, MiB each on average."""
+    sizes = []
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status").read_text()
+        sizes.append(int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024)
+    return sum(sizes) / max(len(sizes), 1)

@@ -52,8 +52,10 @@ def v2_bodies(v1: dict[str, bytes]) -> dict[str, bytes]:
     """The same requests in the Open Inference Protocol V2 shape MLServer speaks."""
     cnn = orjson.loads(v1["cnn"])["instances"][0]["b64"]
     mlp = orjson.loads(v1["mlp"])["instances"][0]
+    image = orjson.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [cnn]}]})
     return {
-        "cnn": orjson.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [cnn]}]}),
+        "cnn": image,
+        "cnn_heavy": image,
         "mlp": orjson.dumps({"inputs": [{"name": "features", "shape": [1, len(mlp)], "datatype": "FP32", "data": mlp}]}),
     }
 
@@ -144,16 +146,21 @@ def process_tree_pss_mib(pid: int) -> float:
 def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--noisy", action="store_true", help="also measure with one core kept busy")
+    parser.add_argument("--workloads", nargs="+", default=["cnn", "mlp"], choices=models.WORKLOADS)
+    parser.add_argument("--connections", nargs="+", type=int, default=list(CONCURRENCY))
+    parser.add_argument("--forkserve-env", nargs="*", default=[], metavar="NAME=value",
+                        help="settings of forkserve other than its defaults (to try a change against the peers)")
     args = parser.parse_args()
+    workloads = tuple(args.workloads)
     for peer in ("mlserver", "kserve"):
         if not (PEERS / peer / "bin" / "python").exists():
             sys.exit(f"{PEERS / peer} is missing: run `make bench-peers` (it builds the peers' environments)")
     work = Path(tempfile.mkdtemp(prefix="forkserve-peers-"))
-    files = models.build(work / "models")
+    files = models.build(work / "models", workloads)
     v1, v2 = request_bodies(), v2_bodies(request_bodies())
     running: list = []
     try:
-        forkserve = Server(models_dir=work / "models", run_dir=work / "run", workers=2, env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+        forkserve = Server(models_dir=work / "models", run_dir=work / "run", workers=2, env={"TF_CPP_MIN_LOG_LEVEL": "3", **dict(item.split("=", 1) for item in args.forkserve_env)})
         running.append(forkserve)
         forkserve.start()
         kserve, kserve_url = start_kserve(work, files)
@@ -170,14 +177,14 @@ def main() -> None:
         }
         peers = {"kserve": kserve, "mlserver-pw2": mls2, "mlserver-pw0": mls0}
         for server, (url, bodies, _) in urls.items():
-            for workload in ("cnn", "mlp") if server != "floor" else ("mlp",):
+            for workload in workloads if server != "floor" else [w for w in workloads if w == "mlp"]:
                 def ready() -> bool:
                     if server in peers:
                         peers[server].alive()
                     return answers_ready(url(workload), bodies[workload])
 
                 wait_until(ready, 300, f"{server} to answer {workload}", interval=1.0)
-        for workload in ("cnn", "mlp"):
+        for workload in workloads:
             reference = predictions("forkserve", urls["forkserve"][0](workload), v1[workload])
             for server in ("kserve", "mlserver-pw2", "mlserver-pw0"):
                 got = predictions(server, urls[server][0](workload), urls[server][1][workload])
@@ -188,10 +195,10 @@ def main() -> None:
         measured: dict[tuple, list[LoadResult]] = collections.defaultdict(list)
         for round_number in range(args.rounds):
             for condition in conditions:
-                for workload in ("cnn", "mlp"):
-                    for connections in CONCURRENCY:
+                for workload in workloads:
+                    for connections in args.connections:
                         for server, (url, bodies, _) in urls.items():
-                            if server == "floor" and workload == "cnn":
+                            if server == "floor" and workload != "mlp":
                                 continue
                             with NoisyNeighbour() if condition == "noisy" else contextlib.nullcontext():
                                 run_wrk(url(workload), bodies[workload], connections, 1, threads=1)
@@ -207,7 +214,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     table = report(measured, memory, args)
     save_table(args.out, "peers.md", table)
-    plot(measured, args.out / "peers.png")
+    plot(measured, args.out / "peers.png", workloads, tuple(args.connections))
 
 
 def _median(results: list[LoadResult], field: str) -> tuple[float, float, float]:
@@ -234,17 +241,17 @@ def report(measured: dict, memory: dict[str, float], args: argparse.Namespace) -
     return "\n".join(lines) + "\n"
 
 
-def plot(measured: dict, path: Path) -> None:
+def plot(measured: dict, path: Path, workloads: tuple[str, ...], concurrency: tuple[int, ...]) -> None:
     """req/s and p99 against connections, per workload (quiet condition)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for column, workload in enumerate(("cnn", "mlp")):
+    figure, axes = plt.subplots(2, len(workloads), figsize=(5.5 * len(workloads), 8), squeeze=False)
+    for column, workload in enumerate(workloads):
         for server in SERVERS:
-            cells = [(c, measured.get(("quiet", workload, c, server))) for c in CONCURRENCY]
+            cells = [(c, measured.get(("quiet", workload, c, server))) for c in concurrency]
             cells = [(c, results) for c, results in cells if results]
             if not cells:
                 continue
@@ -253,7 +260,7 @@ def plot(measured: dict, path: Path) -> None:
             axes[1][column].plot(xs, [_median(r, "p99_seconds")[0] * 1000 for _, r in cells], "o-", label=server)
         axes[0][column].set(title=f"{workload}: throughput", xlabel="connections", ylabel="requests/s", xscale="log")
         axes[1][column].set(title=f"{workload}: p99 latency", xlabel="connections", ylabel="ms", xscale="log", yscale="log")
-    finish_figure(figure, axes, CONCURRENCY, path)
+    finish_figure(figure, axes, concurrency, path)
 
 
 if __name__ == "__main__":

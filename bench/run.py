@@ -58,6 +58,7 @@ def request_bodies() -> dict[str, bytes]:
     image = base64.b64encode(buffer.getvalue()).decode()
     return {
         "cnn": orjson.dumps({"instances": [{"b64": image}]}),
+        "cnn_heavy": orjson.dumps({"instances": [{"b64": image}]}),
         "mlp": orjson.dumps({"instances": [rng.normal(size=20).round(4).tolist()]}),
     }
 

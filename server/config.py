@@ -31,7 +31,7 @@ class ModelConfig:
     versions: tuple[int, ...] = ()  # the "specific" policy's versions
     labels: dict[str, int] = field(default_factory=dict)
     max_batch_size: int = 64
-    allowed_batch_sizes: tuple[int, ...] = ()  # padded sizes; empty: powers of two up to the max
+    allowed_batch_sizes: tuple[int, ...] = ()  # sizes batches are padded to; empty: no padding
     max_batch_delay_ms: float = 0.0
     max_queue_rows: int = 1024
     max_request_rows: int = 1024  # rows one request may carry; more is a 400
@@ -44,8 +44,13 @@ class ModelConfig:
     handler: bool = False  # run the version's handler.py; a handler.py without this fails the version
 
     @property
+    def padded_batch_sizes(self) -> list[int]:
+        """Sizes the executor pads a batch up to: the configured ones; empty (the default) runs each batch at its own size."""
+        return list(self.allowed_batch_sizes)
+
+    @property
     def batch_buckets(self) -> list[int]:
-        """Batch sizes the executor pads to and warm-up traces: configured, or powers of two."""
+        """Batch sizes warm-up runs: the configured ones, or powers of two and the maximum."""
         if self.allowed_batch_sizes:
             return list(self.allowed_batch_sizes)
         sizes, size = [], 1

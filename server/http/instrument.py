@@ -18,6 +18,7 @@ from server.settings import Settings
 from server.telemetry import metrics
 from server.telemetry.buffer import BUFFER
 from server.telemetry.lines import LineLimit
+from server.worker import arrival
 
 log = logging.getLogger("forkserve.slow")
 
@@ -43,7 +44,11 @@ _CURRENT: contextvars.ContextVar[Inference | None] = contextvars.ContextVar("for
 def begin(model: str, api: str, request_id: str = "") -> None:
     """Start measuring an inference request of `api` ("predict", "classify", ...) for `model`."""
     release()  # NOTE: the variable outlives a request on this thread; a stale one must not count twice
-    _CURRENT.set(Inference(model, api, request_id))
+    waited = arrival.take_thread_wait()
+    inference = Inference(model, api, request_id, started=time.perf_counter() - waited)
+    if waited:
+        inference.stages["thread_wait"] = waited
+    _CURRENT.set(inference)
     BUFFER.add(metrics.INFLIGHT_REQUESTS, (model,), 1)
 
 
@@ -75,7 +80,7 @@ def label_errors_with_version() -> None:
 
 
 def stage(name: str, seconds: float) -> None:
-    """Add to the time of one stage: decode, preprocess, queue, compute, postprocess or encode."""
+    """Add to the time of one stage: decode, preprocess, queue, compute, postprocess or encode (thread_wait: begin)."""
     inference = _CURRENT.get()
     if inference is not None:
         inference.stages[name] = inference.stages.get(name, 0.0) + seconds

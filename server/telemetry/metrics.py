@@ -124,7 +124,7 @@ REQUEST_SECONDS = Histogram(
     ["model", "api"], buckets=LATENCY_BUCKETS,
 )
 STAGE_SECONDS = Histogram(
-    "forkserve_request_stage_duration_seconds", "Time per request stage: decode, preprocess, queue, compute, postprocess, encode.",
+    "forkserve_request_stage_duration_seconds", "Time per request stage: thread_wait (for a request thread), decode, preprocess, queue, compute, postprocess, encode.",
     ["model", "stage"], buckets=LATENCY_BUCKETS,
 )
 

@@ -20,6 +20,7 @@ from typing import Any
 from gunicorn.workers.gthread import ThreadWorker
 
 from server import compat, connection_board
+from server.worker import arrival
 
 CLOSER_THREADS = 8
 LINGERING_LIMIT = 64  # lingering closes at once, queued or running; beyond it a connection is closed at once
@@ -86,6 +87,17 @@ class ForkserveWorker(ThreadWorker):
             self._closer = ThreadPoolExecutor(max_workers=CLOSER_THREADS, thread_name_prefix="forkserve-closer")
             self._lingering_changed = threading.Condition()
         super().init_process()
+
+    def enqueue_req(self, conn: Any) -> None:
+        """Main thread: gthread's, stamped with the moment the request waits for a request thread."""
+        conn.forkserve_enqueued = time.perf_counter()
+        super().enqueue_req(conn)
+
+    def handle(self, conn: Any) -> Any:
+        """Request thread: gthread's, after noting how long the connection waited for this thread (server.worker.arrival)."""
+        enqueued = getattr(conn, "forkserve_enqueued", None)
+        arrival.set_thread_wait(time.perf_counter() - enqueued if enqueued is not None else 0.0)
+        return super().handle(conn)
 
     def finish_request(self, conn: Any, fs: Any) -> None:
         """Main thread, after each request: gthread's, with the graceful close of a finished connection off this thread.

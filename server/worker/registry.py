@@ -292,7 +292,7 @@ class ModelRegistry:
             entry.config.max_queue_rows,
             traces=servable.traces,
             model=entry.name,
-            buckets=entry.config.batch_buckets,
+            buckets=entry.config.padded_batch_sizes,
         )
         entry.executor.start()
         entry.state = AVAILABLE

@@ -3,35 +3,64 @@
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
+import pytest
 
 from tests.e2e.conftest import copy_models
 from tests.e2e.harness import Server, wait_until
 
 
-def test_a_slow_request_logs_its_stage_times(model_repo: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def server(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One worker with one request thread, where every request is "slow" and so logged."""
+    tmp_path = tmp_path_factory.mktemp("slow")
     repo = copy_models(model_repo, tmp_path / "models", "mlp", "slow")
     server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=1,
-                    env={"FORKSERVE_SLOW_REQUEST_MS": "0.001"}).start()  # every request is "slow"
-    try:
-        answer = server.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 20]}, headers={"X-Request-Id": "slow-1"})
-        assert answer.status_code == 200
-        line = wait_until(lambda: re.search(r"slow request slow-1: mlp tfserving_predict version=1 status=200 (.*)", server.log()),
-                          10, "the slow-request line")[1]
-        times = {name: float(value) for name, value in re.findall(r"(\w+)=([\d.]+)", line)}
-        assert {"total_ms", "decode", "queue", "compute", "encode", "other"} <= times.keys(), line
-        stages = sum(value for name, value in times.items() if name != "total_ms")
-        assert abs(stages - times["total_ms"]) < 0.05 and times["compute"] > 0  # the stages and the rest add up
-        refused = server.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 3]}, headers={"X-Request-Id": "slow-2"})
-        assert refused.status_code == 400
-        wait_until(lambda: "slow request slow-2: mlp tfserving_predict version=1 status=400" in server.log(), 10, "the 400's line")
-        late = server.post("/v1/models/slow:predict", json={"instances": [np.zeros((192, 192, 3)).tolist()]},
-                           headers={"X-Request-Id": "slow-3", "X-Request-Timeout": "0.01"})  # 0.1-0.3 s a row
-        assert late.status_code == 504, late.text
-        line = wait_until(lambda: re.search(r"slow request slow-3: slow tfserving_predict version=1 status=504 (.*)", server.log()),
-                          10, "the timed-out request's line")[1]
-        assert "queue=" in line, line  # it gave up while queued (or running): that wait is shown, not lumped into other
-    finally:
-        server.stop()
+                    env={"FORKSERVE_SLOW_REQUEST_MS": "0.001", "FORKSERVE_THREADS": "1"}).start()
+    yield server
+    server.stop()
+
+
+def stage_times(server: Server, request_id: str, what: str) -> dict[str, float]:
+    """The stage times of the slow-request line of `request_id` (waited for)."""
+    line = wait_until(lambda: re.search(rf"slow request {request_id}: {what} (.*)", server.log()), 10, f"{request_id}'s line")[1]
+    return {name: float(value) for name, value in re.findall(r"(\w+)=([\d.]+)", line)}
+
+
+def test_a_slow_request_logs_its_stage_times(server: Server) -> None:
+    answer = server.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 20]}, headers={"X-Request-Id": "slow-1"})
+    assert answer.status_code == 200
+    times = stage_times(server, "slow-1", "mlp tfserving_predict version=1 status=200")
+    assert {"total_ms", "thread_wait", "decode", "queue", "compute", "encode", "other"} <= times.keys(), times
+    stages = sum(value for name, value in times.items() if name != "total_ms")
+    assert abs(stages - times["total_ms"]) < 0.05 and times["compute"] > 0  # the stages and the rest add up
+    refused = server.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 3]}, headers={"X-Request-Id": "slow-2"})
+    assert refused.status_code == 400
+    wait_until(lambda: "slow request slow-2: mlp tfserving_predict version=1 status=400" in server.log(), 10, "the 400's line")
+    late = server.post("/v1/models/slow:predict", json={"instances": [np.zeros((192, 192, 3)).tolist()]},
+                       headers={"X-Request-Id": "slow-3", "X-Request-Timeout": "0.01"})  # 0.1-0.3 s a row
+    assert late.status_code == 504, late.text
+    line = wait_until(lambda: re.search(r"slow request slow-3: slow tfserving_predict version=1 status=504 (.*)", server.log()),
+                      10, "the timed-out request's line")[1]
+    assert "queue=" in line, line  # it gave up while queued (or running): that wait is shown, not lumped into other
+
+
+def test_the_wait_for_a_request_thread_is_its_own_stage(server: Server) -> None:
+    """With one request thread, of two requests sent at once one waits for the other: thread_wait shows it."""
+    slow_body = {"instances": [np.zeros((192, 192, 3)).tolist()]}  # 0.1-0.3 s a row
+
+    def send(request: tuple[str, str, dict]) -> int:
+        model, request_id, body = request
+        return server.post(f"/v1/models/{model}:predict", json=body, headers={"X-Request-Id": request_id}).status_code
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(send, [("slow", "wait-a", slow_body), ("mlp", "wait-b", {"instances": [[0.5] * 20]})])) == [200, 200]
+    slow = stage_times(server, "wait-a", "slow tfserving_predict version=1 status=200")
+    fast = stage_times(server, "wait-b", "mlp tfserving_predict version=1 status=200")
+    waited = max(slow["thread_wait"], fast["thread_wait"])
+    assert waited >= 50, (slow, fast)  # the second one waited for the first one's whole request (>= 100 ms of compute)
+    assert waited <= max(slow["total_ms"], fast["total_ms"])  # and the wait is part of the waiting request's total

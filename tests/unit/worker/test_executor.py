@@ -1,4 +1,4 @@
-"""The per-model executor: batching, padding to bucket sizes, splitting, queue limits, failures."""
+"""The per-model executor: batching, exact sizes or padding to allowed sizes, splitting, queue limits, failures."""
 
 from __future__ import annotations
 
@@ -51,12 +51,36 @@ class Model:
 
 
 def bucket_sizes(max_batch_size: int) -> list[int]:
-    """The default buckets of a model whose max_batch_size is `max_batch_size`."""
+    """The warm-up sizes of a model whose max_batch_size is `max_batch_size` (the padded executor's buckets here)."""
     return ModelConfig(max_batch_size=max_batch_size, max_queue_rows=max(1024, max_batch_size)).batch_buckets
 
 
 def test_configured_batch_sizes_replace_the_powers_of_two() -> None:
-    assert ModelConfig(max_batch_size=48, allowed_batch_sizes=(4, 16, 48)).batch_buckets == [4, 16, 48]
+    config = ModelConfig(max_batch_size=48, allowed_batch_sizes=(4, 16, 48))
+    assert config.batch_buckets == [4, 16, 48] and config.padded_batch_sizes == [4, 16, 48]
+
+
+def test_by_default_batches_are_warmed_at_powers_of_two_and_never_padded() -> None:
+    config = ModelConfig(max_batch_size=64)
+    assert config.batch_buckets == [1, 2, 4, 8, 16, 32, 64] and config.padded_batch_sizes == []
+
+
+@pytest.mark.parametrize(("sizes", "calls"), [([3], [3]), ([2, 3, 2], [7]), ([5, 5, 7], [5, 5, 7]), ([1] * 9, [8, 1])])
+def test_an_executor_without_padded_sizes_calls_the_model_at_each_batch_own_size(
+    model: Model, sizes: list[int], calls: list[int]
+) -> None:
+    executor = ModelExecutor("m/1", model, 8, 0.0, 10_000, buckets=ModelConfig(max_batch_size=8).padded_batch_sizes)
+    executor.start()
+    try:
+        block(executor, model)
+        inputs = [rows(100 * i, size) for i, size in enumerate(sizes)]
+        futures = [enqueue(executor, "serving_default", {"x": x}, len(x), True) for x in inputs]
+        model.gate.set()
+        for future, x in zip(futures, inputs):
+            np.testing.assert_array_equal(result(future), x * 2 + 1)
+    finally:
+        model.gate.set()
+    assert model.sizes() == calls  # queued jobs batched up to max_batch_size, not one padded row
 
 
 @pytest.fixture
