@@ -31,7 +31,7 @@ from PIL import Image
 from bench import models
 from bench.common import finish_figure
 from bench.load import LoadResult, run_wrk
-from server.settings import available_cpus
+from server.settings import DEFAULT_THREADS, available_cpus
 from tests.e2e.harness import ROOT, Server, free_port, wait_until
 
 CONCURRENCY = (1, 16, 64)
@@ -173,8 +173,9 @@ def report(rows: list[Row], limits: dict, cpus: int, elapsed: float) -> str:
     """The markdown table with ratios against each baseline."""
     by_key = {(r.workload, r.server, r.concurrency): r.result for r in rows}
     lines = [
-        f"Run on {cpus} CPUs in {elapsed:.0f} s; forkserve and both baselines use gunicorn with {cpus} workers "
-        "x 8 threads (gthread), all running at once, measured back to back at each concurrency. "
+        f"Run on {cpus} CPUs in {elapsed:.0f} s; forkserve (its defaults: {cpus} workers x {DEFAULT_THREADS} threads) and "
+        f"both baselines ({cpus} workers x 8 threads) on gunicorn's gthread, all running at once, measured back to back "
+        "at each concurrency. "
         "In-process limit: a warm concrete function.",
         "",
         "| workload | server | conc. | req/s | p50 ms | p99 ms | errors | × naive | / floor | / in-process batched |",

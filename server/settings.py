@@ -13,6 +13,7 @@ from server import run_dir as run_directory
 
 DEFAULT_BIND = "127.0.0.1:8000"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_THREADS = 32  # request threads per worker: bounds the requests in flight, so the batch sizes (docs/performance.md)
 
 
 def available_cpus() -> int:
@@ -138,7 +139,7 @@ class Settings:
             conf_path=Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve(),
             bind=os.environ.get("FORKSERVE_BIND", DEFAULT_BIND),
             workers=_env_int("FORKSERVE_WORKERS", cpus) or cpus,
-            threads=_env_int("FORKSERVE_THREADS", 8) or 8,
+            threads=_env_int("FORKSERVE_THREADS", DEFAULT_THREADS) or DEFAULT_THREADS,
             cpus=cpus,
             intra_op_threads=_env_int("FORKSERVE_INTRA_OP_THREADS", 0),
             inter_op_threads=_env_int("FORKSERVE_INTER_OP_THREADS", 1) or 1,

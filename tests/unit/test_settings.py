@@ -43,7 +43,7 @@ def test_from_env_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> Non
     assert settings.bind == DEFAULT_BIND == "127.0.0.1:8000"
     assert settings.cpus == cpus
     assert settings.workers == cpus
-    assert settings.threads == 8
+    assert settings.threads == 32
     assert settings.intra_op_threads == 0
     assert settings.inter_op_threads == 1
     assert settings.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 32 * 1024 * 1024
@@ -132,7 +132,7 @@ def test_zero_or_empty_counts_fall_back_to_defaults(clean_env: pytest.MonkeyPatc
     clean_env.setenv("FORKSERVE_INTRA_OP_THREADS", "")
     settings = Settings.from_env()
     assert settings.workers == available_cpus()
-    assert settings.threads == 8
+    assert settings.threads == 32
     assert settings.inter_op_threads == 1
     assert settings.intra_op_threads == 0
 

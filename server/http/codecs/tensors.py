@@ -91,6 +91,8 @@ def _image_rows(rows: list[Any], info: TensorInfo, config: ModelConfig) -> np.nd
     shapes = {a.shape for a in decoded}
     if len(shapes) != 1:
         raise InvalidArgument(f"input {info.name!r}: rows have different shapes {sorted(shapes)}")
+    if len(decoded) == 1:  # the usual request: one image; a view, not a copy of its pixels
+        return decoded[0][np.newaxis]
     return np.stack(decoded)
 
 
