@@ -45,7 +45,8 @@ from tests.e2e.harness import ROOT, Server, free_port, wait_until
 PEERS = ROOT / ".peers"
 RUNTIMES = ROOT / "bench" / "peer_servers"
 CONCURRENCY = (1, 16, 64)
-SERVERS = ("forkserve", "kserve", "mlserver-pw2", "mlserver-pw0", "floor")
+SERVERS = ("forkserve", "forkserve-before", "kserve", "mlserver-pw2", "mlserver-pw0", "floor")
+PEERS_ONLY = ("kserve", "mlserver-pw2", "mlserver-pw0")
 
 
 def v2_bodies(v1: dict[str, bytes]) -> dict[str, bytes]:
@@ -150,6 +151,8 @@ def main() -> None:
     parser.add_argument("--connections", nargs="+", type=int, default=list(CONCURRENCY))
     parser.add_argument("--forkserve-env", nargs="*", default=[], metavar="NAME=value",
                         help="settings of forkserve other than its defaults (to try a change against the peers)")
+    parser.add_argument("--before-env", nargs="*", default=None, metavar="NAME=value",
+                        help="also run a second forkserve with these settings, as 'forkserve-before' (a change's baseline)")
     args = parser.parse_args()
     workloads = tuple(args.workloads)
     for peer in ("mlserver", "kserve"):
@@ -163,6 +166,12 @@ def main() -> None:
         forkserve = Server(models_dir=work / "models", run_dir=work / "run", workers=2, env={"TF_CPP_MIN_LOG_LEVEL": "3", **dict(item.split("=", 1) for item in args.forkserve_env)})
         running.append(forkserve)
         forkserve.start()
+        before = None
+        if args.before_env is not None:
+            before = Server(models_dir=work / "models", run_dir=work / "run-before", workers=2,
+                            env={"TF_CPP_MIN_LOG_LEVEL": "3", **dict(item.split("=", 1) for item in args.before_env)})
+            running.append(before)
+            before.start()
         kserve, kserve_url = start_kserve(work, files)
         mls2, mls2_url = start_mlserver(work, files, 2, batching=True)
         mls0, mls0_url = start_mlserver(work, files, 0, batching=False)
@@ -170,6 +179,7 @@ def main() -> None:
         running += [kserve, mls2, mls0, floor]
         urls = {  # server: (url of a workload, its body, root pid)
             "forkserve": (lambda w: f"{forkserve.url}/v1/models/{w}:predict", v1, forkserve.process.pid),
+            **({"forkserve-before": (lambda w: f"{before.url}/v1/models/{w}:predict", v1, before.process.pid)} if before else {}),
             "kserve": (lambda w: f"{kserve_url}/v1/models/{w}:predict", v1, kserve.process.pid),
             "mlserver-pw2": (lambda w: f"{mls2_url}/v2/models/{w}/infer", v2, mls2.process.pid),
             "mlserver-pw0": (lambda w: f"{mls0_url}/v2/models/{w}/infer", v2, mls0.process.pid),
@@ -186,7 +196,7 @@ def main() -> None:
                 wait_until(ready, 300, f"{server} to answer {workload}", interval=1.0)
         for workload in workloads:
             reference = predictions("forkserve", urls["forkserve"][0](workload), v1[workload])
-            for server in ("kserve", "mlserver-pw2", "mlserver-pw0"):
+            for server in PEERS_ONLY:
                 got = predictions(server, urls[server][0](workload), urls[server][1][workload])
                 assert np.allclose(got, reference, atol=1e-4), (server, workload, got, reference)
         memory = {server: process_tree_pss_mib(pid) for server, (_, _, pid) in urls.items()}
@@ -233,8 +243,8 @@ def report(measured: dict, memory: dict[str, float], args: argparse.Namespace) -
             item[0][0], item[0][1], item[0][2], SERVERS.index(item[0][3]))):
         rps, low, high = _median(results, "requests_per_second")
         peers = [statistics.median(r.requests_per_second for r in measured[(condition, workload, connections, peer)])
-                 for peer in ("kserve", "mlserver-pw2", "mlserver-pw0")]
-        versus = f"{rps / max(peers):.2f}×" if server == "forkserve" else ""
+                 for peer in PEERS_ONLY]
+        versus = f"{rps / max(peers):.2f}×" if server.startswith("forkserve") else ""
         lines.append(f"| {condition} | {workload} | {connections} | {server} | {rps:.0f} [{low:.0f}-{high:.0f}] "
                      f"| {_median(results, 'p50_seconds')[0] * 1000:.2f} | {_median(results, 'p99_seconds')[0] * 1000:.2f} "
                      f"| {_median(results, 'max_seconds')[0] * 1000:.1f} | {sum(r.errors for r in results)} | {versus} |")
