@@ -1,11 +1,14 @@
-"""The slow-request log's line limit: a burst of slow requests cannot flood the log."""
+"""What a request records: its wait for a request thread; the slow-request log's line limit."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from server.http import instrument
 from server.telemetry.lines import LineLimit
+from server.worker import arrival
 
 
 def test_lines_beyond_the_limit_are_counted_and_reported_with_the_next_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -16,3 +19,21 @@ def test_lines_beyond_the_limit_are_counted_and_reported_with_the_next_line(monk
     now[0] = 101.0
     assert limit.admit() == 2  # the next second's first line says how many were dropped
     assert limit.admit() == 0
+
+
+def test_the_wait_for_a_request_thread_is_a_stage_and_part_of_the_request_time() -> None:
+    arrival.set_thread_wait(0.25)
+    before = time.perf_counter()
+    instrument.begin("m", "tfserving_predict", "rid-1")
+    try:
+        current = instrument._CURRENT.get()
+        assert current is not None and current.stages == {"thread_wait": 0.25}
+        assert before - 0.25 <= current.started <= time.perf_counter() - 0.25  # the request began when it could be read
+    finally:
+        instrument.release()
+    instrument.begin("m", "tfserving_predict", "rid-2")  # the next request on this thread did not wait (yet)
+    try:
+        current = instrument._CURRENT.get()
+        assert current is not None and "thread_wait" not in current.stages
+    finally:
+        instrument.release()
