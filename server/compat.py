@@ -10,6 +10,7 @@
 | `ForkserveWorker.worker_connections`, `.max_keepalived` (server/worker/gthread.py) | gunicorn: gthread's loop reads `worker_connections` once per pass, `handle_request` reads `max_keepalived` per request | none: unbalanced connections (tests/e2e/test_connection_balance.py fails) |
 | `_never_halt_once_a_worker_booted` (server/master/hooks.py) | gunicorn: the arbiter's `reap_workers` (called by its SIGCHLD handler) and its `WORKER_BOOT_ERROR` / `APP_LOAD_ERROR` constants | none: a worker's `os._exit(3)` halts the master |
 | `ForkserveWorker.finish_request` (server/worker/gthread.py) | gunicorn: gthread's `finish_request` closes a finished connection with `conn.close(graceful=True)` on the main thread; `conn.sock` | the close lingers on the main thread (up to 2 s per slow client) and drains 64 KiB at most (an unread larger body: a reset, nginx's 502) |
+| `ForkserveWorker.enqueue_req`, `.handle` (server/worker/gthread.py) | gunicorn: gthread's main thread passes each readable connection to `enqueue_req(conn)`, a request thread runs `handle(conn)` | no `thread_wait` stage (tests/e2e/test_slow_requests.py fails); a changed signature fails every request |
 | `ForkserveWorker.set_accept_enabled` (server/worker/gthread.py) | gunicorn: gthread's `run` calls it with False once `alive` is False; `accept`, `nr_conns`, `sockets` | the listening sockets stay open until the last request is done (a full stop resets what queued meanwhile) |
 
 A private path is taken only when the installed version is the one it was verified against
