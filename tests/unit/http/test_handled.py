@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY
 from server.config import ModelConfig, ServerConfig
 from server.http.app import create_app
 from server.repository import VersionSource
+from server.settings import Settings
 from server.signature import SignatureInfo, TensorInfo
 from server.worker.registry import Model, ModelVersion
 
@@ -162,7 +163,7 @@ def test_a_handler_whose_threads_all_hang_is_refused_at_once(client: FlaskClient
     def hang() -> None:
         results.append(post(client, {"pre": "hang"}, **{"X-Request-Timeout": "0.3"}).status_code)
 
-    threads = [threading.Thread(target=hang) for _ in range(10)]  # more than the pool has threads (8)
+    threads = [threading.Thread(target=hang) for _ in range(Settings.current().threads + 2)]  # more than the pool has threads
     for thread in threads:
         thread.start()
     for thread in threads:
