@@ -22,11 +22,12 @@ WORKDIR /opt/forkserve
 
 # Only what serving needs (requirements.txt), in a layer of its own: code changes do not reinstall TensorFlow.
 # Behind a TLS-inspecting proxy, hand pip its CA without baking it in: --secret id=pip_ca,src=ca.pem
-COPY requirements.txt ./
+COPY requirements.txt requirements-nodeps.txt ./
 RUN --mount=type=secret,id=pip_ca \
     if [ -f /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi \
     && python3 -m venv "$VIRTUAL_ENV" \
-    && pip install -r requirements.txt
+    && pip install -r requirements.txt \
+    && pip install --no-deps -r requirements-nodeps.txt
 COPY server/ server/
 COPY gunicorn.conf.py ./
 COPY conf/models.toml conf/models.toml
@@ -41,6 +42,7 @@ VOLUME /models
 # The run directory (worker state, Prometheus multiprocess files) and every scratch path on one
 # writable mount: the root file system can be read-only (deploy/k8s mounts an emptyDir there).
 ENV FORKSERVE_BIND=0.0.0.0:8000 \
+    FORKSERVE_GRPC_BIND=0.0.0.0:8500 \
     FORKSERVE_MODELS=/models \
     FORKSERVE_CONF=/opt/forkserve/conf/models.toml \
     FORKSERVE_RUN_DIR=/run/forkserve \
@@ -48,7 +50,7 @@ ENV FORKSERVE_BIND=0.0.0.0:8000 \
     KERAS_HOME=/run/forkserve/keras \
     HOME=/run/forkserve
 USER 10001
-EXPOSE 8000
+EXPOSE 8000 8500
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 # gunicorn is PID 1: SIGTERM drains in-flight requests (graceful_timeout 30 s) and exits 0; it reaps its workers.

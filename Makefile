@@ -3,13 +3,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test unit e2e install install-dev system-deps lint diagrams clean bench-peers image-test
+.PHONY: run test unit e2e install install-dev system-deps protos lint diagrams clean bench-peers image-test
 
 # What serving needs (requirements.txt), and forkserve itself so `python -m server` works from any directory.
-$(BIN)/.serving: requirements.txt pyproject.toml
+$(BIN)/.serving: requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -r requirements-nodeps.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
@@ -36,6 +37,10 @@ unit: install-dev
 
 e2e: install-dev system-deps
 	$(BIN)/python -m pytest tests/e2e
+
+# server/rpc/protos/open_inference_pb2*.py, committed, from the .proto beside them (tests/unit/rpc/test_messages.py checks).
+protos: install-dev
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. server/rpc/protos/open_inference.proto
 
 lint: install-dev
 	$(BIN)/ruff check --select F,E9 server tests bench scripts gunicorn.conf.py

@@ -33,6 +33,10 @@ class Unavailable(ApiError):
     status = 503
 
 
+class VersionFailed(Unavailable):
+    """A version that failed to load or was failed by a rollout: 503 over REST, FAILED_PRECONDITION over gRPC."""
+
+
 class ResourceExhausted(ApiError):
     """RESOURCE_EXHAUSTED: the model's queue is full (429 in TF Serving; 503 + Retry-After here)."""
 

@@ -19,4 +19,7 @@ def healthz() -> Response:
 def readyz() -> Response:
     """Readiness: 200 once loading is over and some model serves (strict: every model); each model's state and failures in the body."""
     ready, models = registry().readiness()
-    return json_response({"status": "ready" if ready else "not ready", "models": models}, status=200 if ready else 503)
+    body = {"status": "ready" if ready else "not ready", "models": models}
+    if registry().listener_problem:
+        body["grpc"] = registry().listener_problem
+    return json_response(body, status=200 if ready else 503)

@@ -36,16 +36,17 @@ class Inference:
     version: str = ""
     stages: dict[str, float] = field(default_factory=dict)
     version_on_errors: bool = False  # error answers carry X-Model-Version too (the access log's version=)
+    protocol: str = "rest"  # "rest" or "grpc" (the metrics' protocol label)
 
 
 _CURRENT: contextvars.ContextVar[Inference | None] = contextvars.ContextVar("forkserve_inference", default=None)
 
 
-def begin(model: str, api: str, request_id: str = "") -> None:
+def begin(model: str, api: str, request_id: str = "", protocol: str = "rest") -> None:
     """Start measuring an inference request of `api` ("predict", "classify", ...) for `model`."""
     release()  # NOTE: the variable outlives a request on this thread; a stale one must not count twice
     waited = arrival.take_thread_wait()
-    inference = Inference(model, api, request_id, started=time.perf_counter() - waited)
+    inference = Inference(model, api, request_id, started=time.perf_counter() - waited, protocol=protocol)
     if waited:
         inference.stages["thread_wait"] = waited
     _CURRENT.set(inference)
@@ -100,12 +101,13 @@ def record(status: int) -> None:
     inference = _CURRENT.get()
     if inference is not None:
         model = inference.model
-        BUFFER.add(metrics.REQUESTS, (model, inference.version, inference.api, str(status)), 1)
-        BUFFER.add(metrics.REQUEST_SECONDS, (model, inference.api), time.perf_counter() - inference.started)
+        protocol = inference.protocol
+        BUFFER.add(metrics.REQUESTS, (model, inference.version, inference.api, str(status), protocol), 1)
+        BUFFER.add(metrics.REQUEST_SECONDS, (model, inference.api, protocol), time.perf_counter() - inference.started)
         # NOTE: a copy (one C call, under the GIL): a handler's flow that outlived its request's 504 may still add stages
         stages = dict(inference.stages)
         for name, stage_seconds in stages.items():
-            BUFFER.add(metrics.STAGE_SECONDS, (model, name), stage_seconds)
+            BUFFER.add(metrics.STAGE_SECONDS, (model, name, protocol), stage_seconds)
         _log_if_slow(inference, status, stages)
 
 
@@ -130,8 +132,8 @@ def _log_if_slow(inference: Inference, status: int, stages: dict[str, float]) ->
         log.warning("%d more slow requests were not logged (at most %d lines a second)", suppressed, SLOW_LOG_LIMIT.per_second)
     times = " ".join(f"{name}={seconds * 1000:.2f}" for name, seconds in stages.items())
     other = total - sum(stages.values())
-    log.warning("slow request %s: %s %s version=%s status=%d total_ms=%.2f %s other=%.2f", inference.request_id,
-                inference.model, inference.api, inference.version, status, total * 1000, times, other * 1000)
+    log.warning("slow request %s: %s %s version=%s status=%d total_ms=%.2f %s other=%.2f protocol=%s", inference.request_id,
+                inference.model, inference.api, inference.version, status, total * 1000, times, other * 1000, inference.protocol)
 
 
 SLOW_LOG_LIMIT = LineLimit(per_second=20)

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from server import compat, connection_board
 from server import run_dir as run_directory
 from server.config import ConfigError, ServerConfig, load_config
-from server.master import cpus
+from server.master import cpus, grpc_port
 from server.settings import Settings
 from server.state import read_exit_reason, read_worker_states, remove_worker_state, workers_dir
 from server.target import FAILED_FILE, TARGET_FILE
@@ -54,6 +54,9 @@ def on_starting(server: Any) -> None:
         _refuse_to_start(server, exc)
     except OSError as exc:
         _refuse_to_start(server, f"run directory {settings.run_dir}: {exc}")
+    taken = grpc_port.problem_with(settings.grpc_bind) if settings.grpc_bind else None
+    if taken:
+        _refuse_to_start(server, taken)
     if settings.balance_connections and compat.verified("gunicorn"):  # relies on gthread's internals (compat)
         connection_board.create(slots=max(connection_board.SLOTS, 2 * server.cfg.workers + 2))  # room for TTIN and rollouts
     server.log.info(

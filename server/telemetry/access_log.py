@@ -57,6 +57,12 @@ class AccessLogger(Logger):
         )
         self._flusher.ensure_started()
 
+    def access_line(self, line: str) -> None:
+        """Queue a line made elsewhere (the gRPC server's calls, server.rpc.calls), in FORMAT's shape."""
+        if self.access_log_enabled:
+            self._lines.append(line)
+            self._flusher.ensure_started()
+
     def flush_access(self) -> None:
         """Write every queued line (in one log record for a plain stream)."""
         with self._flushing:

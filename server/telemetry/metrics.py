@@ -117,15 +117,16 @@ MODEL_RETRACES = Counter(
 
 # --- requests (worker, request threads) ---
 REQUESTS = Counter(
-    "forkserve_requests", "Inference API requests by outcome.", ["model", "version", "api", "code"],
+    "forkserve_requests", "Inference API requests by outcome (code: the HTTP status, for gRPC the one REST would answer).",
+    ["model", "version", "api", "code", "protocol"],
 )
 REQUEST_SECONDS = Histogram(
     "forkserve_request_duration_seconds", "Inference request time inside the worker, end to end.",
-    ["model", "api"], buckets=LATENCY_BUCKETS,
+    ["model", "api", "protocol"], buckets=LATENCY_BUCKETS,
 )
 STAGE_SECONDS = Histogram(
     "forkserve_request_stage_duration_seconds", "Time per request stage: thread_wait (for a request thread), decode, preprocess, queue, compute, postprocess, encode.",
-    ["model", "stage"], buckets=LATENCY_BUCKETS,
+    ["model", "stage", "protocol"], buckets=LATENCY_BUCKETS,
 )
 
 # --- executor (worker, executor threads) ---

@@ -79,6 +79,7 @@ class ForkserveWorker(ThreadWorker):
     _lingering = 0  # lingering closes queued or running
     _lingering_changed: threading.Condition | None = None
     _listening = True
+    forkserve_grpc: Any = None  # this worker's server.rpc.listener.GrpcListener, once its models are warm
 
     def init_process(self) -> None:
         """Send each response in one write, then run gunicorn's worker (this call returns only at exit)."""
@@ -163,6 +164,7 @@ class ForkserveWorker(ThreadWorker):
             return
         self._quitting = True
         self._leave_board()
+        self._stop_grpc(grace=0)
         super().handle_quit(sig, frame)
 
     # --- keep-alive connections spread evenly over the workers (server.connection_board) ---
@@ -182,6 +184,8 @@ class ForkserveWorker(ThreadWorker):
         if board is not None:
             board.publish(self.forkserve_slot, 0)
         super().run()
+        if self.forkserve_grpc is not None:  # gthread has waited for its own requests; now the RPCs still running
+            self._stop_grpc(grace=self.cfg.graceful_timeout).wait(self.cfg.graceful_timeout)
         if self._lingering_changed is not None:  # NOTE: the worker leaves by os._exit (worker_exit), resetting what still lingers
             with self._lingering_changed:
                 self._lingering_changed.wait_for(lambda: self._lingering == 0, timeout=LINGER_SECONDS)
@@ -245,7 +249,16 @@ class ForkserveWorker(ThreadWorker):
     def handle_exit(self, sig: int, frame: Any) -> None:
         """SIGTERM (graceful stop): out of the share at once, then gunicorn's handler."""
         self._leave_board()
+        self._stop_grpc(grace=self.cfg.graceful_timeout)
         super().handle_exit(sig, frame)
+
+    def _stop_grpc(self, grace: float) -> Any:
+        """Stop the gRPC listener: new connections go to the other workers, this one's get GOAWAY (server.rpc.listener)."""
+        if self.forkserve_grpc is None:
+            done = threading.Event()
+            done.set()
+            return done
+        return self.forkserve_grpc.stop(grace)
 
     def _leave_board(self) -> None:
         board = connection_board.BOARD

@@ -83,6 +83,7 @@ def post_worker_init(worker: Any) -> None:
     if settings.gc_freeze:
         worker.log.info("forkserve worker %s froze %d loaded objects out of the garbage collector's reach",
                         pid, freeze_the_loaded_heap())
+    start_grpc(worker, registry, settings)
     from server.telemetry import metrics
 
     ready, report = registry.readiness()
@@ -96,6 +97,27 @@ def post_worker_init(worker: Any) -> None:
     # NOTE: never raises (R5): a run directory that refuses the file leaves this worker serving,
     # unseen by the master until a retry gets the file written (server.state).
     publish_worker_state(settings.run_dir, WorkerState(pid, registry.generation, LOADED, None, ready, models))
+
+
+def start_grpc(worker: Any, registry: Any, settings: Settings) -> None:
+    """Worker, models warm: this worker's gRPC server on FORKSERVE_GRPC_BIND (server.rpc), unless it is "".
+
+    NOTE: a worker that cannot listen reports not ready with the reason (/readyz, its state file)
+    rather than serving REST alone: a rollout never retires a worker for it, and the log says why.
+    """
+    if not settings.grpc_bind:
+        return
+    try:
+        from server.rpc.listener import GrpcListener
+
+        listener = GrpcListener(registry, settings, getattr(worker.log, "access_line", None))
+        listener.start()
+    except Exception as exc:  # NOTE: never raises (see post_worker_init)
+        registry.listener_problem = f"gRPC: {exc}"
+        worker.log.error("forkserve worker %s NOT ready: %s", os.getpid(), registry.listener_problem)
+        return
+    worker.forkserve_grpc = listener
+    worker.log.info("forkserve worker %s serving gRPC on %s", os.getpid(), settings.grpc_bind)
 
 
 def freeze_the_loaded_heap() -> int:

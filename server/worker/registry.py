@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from server.config import ConfigError, ModelConfig, ServerConfig
-from server.errors import NotFound, Unavailable
+from server.errors import NotFound, Unavailable, VersionFailed
 from server.repository import VersionSource, scan, select_versions
 from server.settings import Settings
 from server.signature import SignatureInfo
@@ -113,11 +113,11 @@ class Model:
         if found is None:
             reason = self.failed(version)
             if reason is not None:  # never loaded here because a rollout failed it: say so, as the status does
-                raise Unavailable(f"model {self.name} version {version} is {END}: {reason}")
+                raise VersionFailed(f"model {self.name} version {version} is {END}: {reason}")
             raise NotFound(f"Servable not found for request: Specific({self.name}, {version})")
         if found.state != AVAILABLE:
             detail = f": {found.error}" if found.error else ""
-            raise Unavailable(f"model {self.name} version {version} is {found.state}{detail}")
+            raise (VersionFailed if found.state == END else Unavailable)(f"model {self.name} version {version} is {found.state}{detail}")
         return found
 
     def _not_serving(self) -> Exception:
@@ -127,7 +127,7 @@ class Model:
             return Unavailable(f"model {self.name} is loading version(s) {loading}")
         failed = [f"version {v.version}: {v.error}" for v in self.versions.values() if v.error]
         if failed:
-            return Unavailable(f"model {self.name} has no version that loaded ({'; '.join(failed)})")
+            return VersionFailed(f"model {self.name} has no version that loaded ({'; '.join(failed)})")
         return NotFound(f"Servable not found for request: Latest({self.name})" + (f": {self.unservable}" if self.unservable else ""))
 
 
@@ -147,6 +147,7 @@ class ModelRegistry:
         self.loaded = False
         self.generation = ""  # the master's target this worker loaded ("" without a master)
         self.problem = ""  # why nothing could be loaded (a broken configuration without a master)
+        self.listener_problem = ""  # why this worker's gRPC server could not start (the worker is then not ready)
 
     def get(self, name: str) -> Model:
         """A model by name (one the master reports unservable too), or TF Serving's NotFound."""
@@ -362,7 +363,7 @@ class ModelRegistry:
             enough = len(served) == len(report)
         else:
             enough = bool(served) or not report
-        return self.loaded and not self.problem and enough, report
+        return self.loaded and not self.problem and not self.listener_problem and enough, report
 
     def _config_problem(self, target: Target | None) -> ConfigProblem | None:
         """What the master says is wrong with conf/models.toml now (None when it is fine)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -17,6 +18,9 @@ KERAS2 = DATA / "keras2"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_BODY_BYTES = 1024 * 1024
+# Servers a test starts without the harness stay off TF Serving's gRPC port 8500 (another run may hold it);
+# the harness gives each server a free one (Server.grpc_port).
+os.environ.setdefault("FORKSERVE_GRPC_BIND", "")
 
 CONF = """
 [models.digits]

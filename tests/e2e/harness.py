@@ -62,12 +62,17 @@ class Server:
     new_session: bool = False  # its own process group, as a terminal's foreground job has
     user: str | None = None  # run as this user (setpriv; its directories must be reachable by it)
     port: int = field(default_factory=free_port)
+    grpc_port: int = field(default_factory=free_port)  # FORKSERVE_GRPC_BIND (env can override it, "" turns gRPC off)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     def start(self, timeout: float = 180.0) -> "Server":
         """Start gunicorn and wait until every worker has loaded its models (timeout 0: do not wait)."""
@@ -78,6 +83,7 @@ class Server:
             "FORKSERVE_MODELS": str(self.models_dir),
             "FORKSERVE_RUN_DIR": str(self.run_dir),
             "FORKSERVE_CONF": str(self.conf_path or self.run_dir / "no-models.toml"),
+            "FORKSERVE_GRPC_BIND": f"127.0.0.1:{self.grpc_port}",
             **self.env,
         }
         command = [

@@ -1,0 +1,117 @@
+"""What every gRPC method shares: request ids, deadlines, metrics, the access log, and errors as status codes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import grpc
+
+from server.errors import ApiError, DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, VersionFailed
+from server.http import instrument
+from server.http.common import request_id_for
+from server.worker.registry import ModelRegistry, ModelVersion
+
+log = logging.getLogger("forkserve.grpc")
+
+# The HTTP status REST answers for a failure -> the gRPC status for the same failure.
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED, 501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# ...and back, for a status the servicer sets itself (UNIMPLEMENTED methods)
+HTTP_STATUSES = {grpc.StatusCode.OK: 200, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500}
+
+Work = Callable[[], tuple[Any, "ModelVersion | None"]]
+
+
+def status_code(exc: ApiError) -> grpc.StatusCode:
+    """The gRPC status of a known failure (TF Serving's own mapping: a failed version is FAILED_PRECONDITION)."""
+    if isinstance(exc, VersionFailed):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, ResourceExhausted):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, DeadlineExceeded):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(exc, NotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, InvalidArgument):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if exc.status >= 500:
+        return STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL)
+    return STATUS_CODES.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def timeout_for(context: grpc.ServicerContext, version: ModelVersion) -> float:
+    """Seconds this call may wait: the model's deadline, shortened by the client's gRPC deadline."""
+    remaining = context.time_remaining()
+    limit = version.config.request_timeout_s
+    return limit if remaining is None else max(0.0, min(limit, remaining))
+
+
+def metadata_value(context: grpc.ServicerContext, key: str) -> str:
+    """One request metadata value ("" when absent)."""
+    for name, value in context.invocation_metadata():
+        if name == key:
+            return value if isinstance(value, str) else ""
+    return ""
+
+
+@dataclass(frozen=True)
+class Calls:
+    """Runs a servicer's work for one RPC and answers it: the registry, and where access lines go."""
+
+    registry: ModelRegistry
+    access_line: Callable[[str], None] | None = None
+
+    def run(self, context: grpc.ServicerContext, method: str, work: Work, empty: Any,
+            api: str = "", model: str = "") -> Any:
+        """Answer one RPC with `work()`'s message, or with the status its failure maps to.
+
+        `api` names an inference call (counted and timed as REST's are, protocol="grpc"); `model` is
+        the model it addresses. Anything `work` raises costs this call only.
+        """
+        started = time.perf_counter()
+        request_id = request_id_for(metadata_value(context, "x-request-id"))
+        if api:
+            instrument.begin(model if model in self.registry.models else instrument.UNKNOWN_MODEL, api, request_id, "grpc")
+        version: ModelVersion | None = None
+        code, details, http_status = grpc.StatusCode.OK, "", 200
+        response = empty
+        try:
+            response, version = work()
+        except ApiError as exc:
+            code, details, http_status = status_code(exc), exc.message, exc.status
+            if http_status >= 500:
+                log.warning("request %s failed with %s: %s", request_id, code.name, details)
+        except Exception:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
+            log.exception("request %s: unexpected error", request_id)
+            code, details, http_status = grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})", 500
+        finally:
+            if api:
+                instrument.record(http_status)
+                instrument.release()
+        trailing = [("x-request-id", request_id)]
+        if version is not None:
+            trailing.append(("x-model-version", str(version.version)))
+        context.set_trailing_metadata(tuple(trailing))
+        if self.access_line is not None:
+            self._log(context, method, code, http_status, response if code == grpc.StatusCode.OK else None,
+                      started, request_id, version)
+        if code != grpc.StatusCode.OK:
+            context.abort(code, details)
+        return response
+
+    def _log(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, http_status: int, response: Any,
+             started: float, request_id: str, version: ModelVersion | None) -> None:
+        """One access-log line, in REST's shape, with the gRPC status at its end."""
+        peer = context.peer()  # "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000"
+        host = peer.split(":", 1)[-1].rsplit(":", 1)[0].strip("[]") if peer else "-"
+        size = response.ByteSize() if response is not None else 0
+        milliseconds = int((time.perf_counter() - started) * 1000)
+        assert self.access_line is not None
+        self.access_line(f'{host} "POST {method} HTTP/2" {http_status} {size} {milliseconds}ms '
+                         f"rid={request_id} version={version.version if version else '-'} grpc={code.name}")

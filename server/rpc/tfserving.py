@@ -1,0 +1,257 @@
+"""tensorflow.serving.PredictionService and ModelService over gRPC: the REST API's semantics, protobuf tensors."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+
+from server.errors import ApiError, InvalidArgument, NotFound
+from server.http import instrument
+from server.http.codecs.images import decode_image
+from server.http.common import infer, predict
+from server.rpc import messages, tensor_proto
+from server.rpc.calls import Calls, timeout_for
+from server.signature import METHOD_NAMES, SignatureInfo
+from server.worker.registry import ModelVersion
+
+DEFAULT_SIGNATURE = "serving_default"
+# TF Serving's ModelVersionStatus.State values
+STATES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
+PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
+MODEL_SERVICE = "tensorflow.serving.ModelService"
+
+
+def resolve(calls: Calls, spec: Any) -> ModelVersion:
+    """The version a ModelSpec addresses: version, version_label or the latest, as the REST paths do."""
+    if not spec.name:
+        raise InvalidArgument("model_spec.name is empty")
+    model = calls.registry.get(spec.name)
+    label = spec.version_label or None
+    version = spec.version.value if spec.HasField("version") else None
+    if label is not None and version is not None:
+        raise InvalidArgument("model_spec sets both version and version_label; set one")
+    return model.resolve(version, label)
+
+
+def decode_inputs(inputs: Any, signature: SignatureInfo, target: ModelVersion) -> dict[str, np.ndarray]:
+    """A PredictRequest's tensors as numpy of the signature's dtypes; encoded images (DT_STRING) for an image input are decoded."""
+    arrays = {}
+    for name, proto in inputs.items():
+        array = tensor_proto.to_array(proto, name)
+        info = signature.inputs.get(name)
+        if info is not None and array.dtype.name != info.dtype:
+            if array.dtype == object and info.is_image:
+                images = [decode_image(item, info, target.config) for item in array.reshape(-1)]
+                array = np.stack(images) if len(images) != 1 else images[0][np.newaxis]
+            elif not (array.dtype == object and info.dtype == "string"):
+                raise InvalidArgument(
+                    f"input {name!r} is {tensor_proto.ENUM_NAMES.get(proto.dtype, proto.dtype)}; the model takes "
+                    f"{tensor_proto.ENUM_NAMES.get(tensor_proto.ENUMS.get(info.dtype, 0), info.dtype)}")
+        arrays[name] = array
+    return arrays
+
+
+def fill_spec(spec: Any, target: ModelVersion, signature_name: str) -> None:
+    """The response's model_spec: the version that answered."""
+    spec.name = target.name
+    spec.version.value = target.version
+    spec.signature_name = signature_name
+
+
+def signature_def(signature: SignatureInfo, proto: Any) -> None:
+    """Fill a tensorflow.SignatureDef with a signature's tensors (names as TF Serving's REST metadata gives them)."""
+    for kind, tensors in (("inputs", signature.inputs), ("outputs", signature.outputs)):
+        for key, info in tensors.items():
+            entry = getattr(proto, kind)[key]
+            entry.name = info.name
+            entry.dtype = tensor_proto.ENUMS.get(info.dtype, 0)
+            if info.shape is None:
+                entry.tensor_shape.unknown_rank = True
+            else:
+                for size in info.shape:
+                    entry.tensor_shape.dim.add().size = -1 if size is None else size
+    proto.method_name = METHOD_NAMES[signature.method]
+
+
+class PredictionService:
+    """Predict, Classify, Regress and GetModelMetadata; MultiInference is not offered."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self.apis = messages.tfserving()
+
+    def Predict(self, request: Any, context: grpc.ServicerContext) -> Any:
+        response = self.apis.predict_pb2.PredictResponse()
+
+        def work() -> tuple[Any, ModelVersion]:
+            target = resolve(self.calls, request.model_spec)
+            instrument.set_version(target.version)
+            started = time.perf_counter()
+            signature = target.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
+            inputs = decode_inputs(request.inputs, signature, target)
+            _, outputs = predict(target, signature.name, inputs, started, timeout_for(context, target))
+            started = time.perf_counter()
+            wanted = list(request.output_filter) or list(outputs)
+            for name in wanted:
+                if name not in outputs:
+                    raise InvalidArgument(f"output_filter names {name!r}; the signature gives {sorted(outputs)}")
+                tensor_proto.from_array(outputs[name], response.outputs[name])
+            fill_spec(response.model_spec, target, signature.name)
+            instrument.stage("encode", time.perf_counter() - started)
+            return response, target
+
+        return self.calls.run(context, f"/{PREDICTION_SERVICE}/Predict", work, response, "tfserving_predict",
+                              request.model_spec.name)
+
+    def _examples(self, request: Any, target: ModelVersion, method: str, context: grpc.ServicerContext
+                  ) -> tuple[SignatureInfo, dict[str, np.ndarray], int]:
+        """Serialized tf.Examples of a Classify/Regress request (context features merged), run on its signature."""
+        started = time.perf_counter()
+        signature = target.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
+        if signature.method != method:
+            raise InvalidArgument(f"signature {signature.name!r} is a {signature.method} signature, not {method}; "
+                                  f"call {signature.method.capitalize()} or pick another signature_name")
+        if list(signature.inputs) != ["inputs"] or signature.inputs["inputs"].dtype != "string":
+            raise InvalidArgument(f"signature {signature.name!r} does not take serialized tf.Examples")
+        kind = request.input.WhichOneof("kind")
+        if kind == "example_list":
+            examples = list(request.input.example_list.examples)
+        elif kind == "example_list_with_context":
+            with_context = request.input.example_list_with_context
+            examples = []
+            for example in with_context.examples:
+                merged = type(example)()
+                merged.CopyFrom(with_context.context)
+                merged.MergeFrom(example)
+                examples.append(merged)
+        else:
+            raise InvalidArgument("input has no examples: set example_list or example_list_with_context")
+        if not examples:
+            raise InvalidArgument("input holds no examples")
+        serialized = np.empty(len(examples), dtype=object)
+        serialized[:] = [e.SerializeToString() for e in examples]
+        instrument.stage("decode", time.perf_counter() - started)
+        outputs = infer(target, signature.name, {"inputs": serialized}, len(examples), signature.batchable,
+                        timeout_for(context, target))
+        return signature, outputs, len(examples)
+
+    def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
+        response = self.apis.classification_pb2.ClassificationResponse()
+
+        def work() -> tuple[Any, ModelVersion]:
+            target = resolve(self.calls, request.model_spec)
+            instrument.set_version(target.version)
+            signature, outputs, rows = self._examples(request, target, "classify", context)
+            scores, classes = outputs.get("scores"), outputs.get("classes")
+            for i in range(rows):
+                row_scores = [] if scores is None else np.asarray(scores[i]).reshape(-1).tolist()
+                row_classes = [] if classes is None else np.asarray(classes[i]).reshape(-1).tolist()
+                result = response.result.classifications.add()
+                for j in range(max(len(row_scores), len(row_classes))):
+                    entry = result.classes.add()
+                    if j < len(row_classes):
+                        label = row_classes[j]
+                        entry.label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+                    if j < len(row_scores):
+                        entry.score = row_scores[j]
+            fill_spec(response.model_spec, target, signature.name)
+            return response, target
+
+        return self.calls.run(context, f"/{PREDICTION_SERVICE}/Classify", work, response, "tfserving_classify",
+                              request.model_spec.name)
+
+    def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
+        response = self.apis.regression_pb2.RegressionResponse()
+
+        def work() -> tuple[Any, ModelVersion]:
+            target = resolve(self.calls, request.model_spec)
+            instrument.set_version(target.version)
+            signature, outputs, rows = self._examples(request, target, "regress", context)
+            values = outputs.get("outputs")
+            if values is None or np.asarray(values).size != rows:
+                raise InvalidArgument("regression signature must give one 'outputs' value per example")
+            for value in np.asarray(values).reshape(rows).tolist():
+                response.result.regressions.add().value = value
+            fill_spec(response.model_spec, target, signature.name)
+            return response, target
+
+        return self.calls.run(context, f"/{PREDICTION_SERVICE}/Regress", work, response, "tfserving_regress",
+                              request.model_spec.name)
+
+    def MultiInference(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def work() -> tuple[Any, None]:
+            raise ApiError("MultiInference is not implemented by forkserve; call Classify or Regress", status=501)
+
+        return self.calls.run(context, f"/{PREDICTION_SERVICE}/MultiInference", work, None)
+
+    def GetModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        response = self.apis.get_model_metadata_pb2.GetModelMetadataResponse()
+
+        def work() -> tuple[Any, ModelVersion]:
+            fields = list(request.metadata_field)
+            if fields != ["signature_def"]:
+                raise InvalidArgument(f"metadata_field must be ['signature_def'], got {fields}")
+            target = resolve(self.calls, request.model_spec)
+            signature_map = self.apis.get_model_metadata_pb2.SignatureDefMap()
+            for name, signature in sorted(target.servable.signatures.items()):
+                signature_def(signature, signature_map.signature_def[name])
+            response.metadata["signature_def"].Pack(signature_map)
+            fill_spec(response.model_spec, target, "")
+            response.model_spec.ClearField("signature_name")
+            return response, target
+
+        return self.calls.run(context, f"/{PREDICTION_SERVICE}/GetModelMetadata", work, response)
+
+
+class ModelService:
+    """GetModelStatus; HandleReloadConfigRequest is `publish`'s job here."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self.apis = messages.tfserving()
+
+    def GetModelStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        response = self.apis.get_model_status_pb2.GetModelStatusResponse()
+
+        def work() -> tuple[Any, None]:
+            spec = request.model_spec
+            if not spec.name:
+                raise InvalidArgument("model_spec.name is empty")
+            model = self.calls.registry.get(spec.name)
+            version = spec.version.value if spec.HasField("version") else None
+            if spec.version_label:
+                version = model.resolve(None, spec.version_label).version
+            statuses = self.calls.registry.statuses(spec.name)
+            if version is not None:
+                statuses = [s for s in statuses if s["version"] == str(version)]
+                if not statuses:
+                    raise NotFound(f"Servable not found for request: Specific({spec.name}, {version})")
+            if not statuses:
+                raise NotFound(f"Servable not found for request: Latest({spec.name})")
+            for status in statuses:
+                entry = response.model_version_status.add()
+                entry.version = int(status["version"])
+                entry.state = STATES.get(status["state"], 0)
+                entry.status.error_code = 0 if status["status"]["error_code"] == "OK" else 2  # tensorflow.error.UNKNOWN
+                entry.status.error_message = status["status"]["error_message"]
+            return response, None
+
+        return self.calls.run(context, f"/{MODEL_SERVICE}/GetModelStatus", work, response)
+
+    def HandleReloadConfigRequest(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def work() -> tuple[Any, None]:
+            raise ApiError("forkserve does not reload its configuration over gRPC: put a new version in place with "
+                           "`python -m server publish` (or edit conf/models.toml), and the workers roll over to it", status=501)
+
+        return self.calls.run(context, f"/{MODEL_SERVICE}/HandleReloadConfigRequest", work, None)
+
+
+def add_to_server(calls: Calls, server: grpc.Server) -> list[str]:
+    """Register both services; returns their full names (for reflection)."""
+    apis = messages.tfserving()
+    apis.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(calls), server)
+    apis.model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(calls), server)
+    return [PREDICTION_SERVICE, MODEL_SERVICE]

@@ -1,0 +1,124 @@
+"""inference.GRPCInferenceService (Open Inference Protocol V2): health, metadata and ModelInfer over gRPC."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+
+from server.errors import ApiError, InvalidArgument
+from server.http import instrument
+from server.http.codecs.v2 import tensor_metadata, v2_datatype
+from server.http.common import model_address, predict
+from server.http.v2 import SERVER_VERSION
+from server.rpc import messages, v2_tensors
+from server.rpc.calls import Calls, timeout_for
+from server.worker.registry import AVAILABLE, ModelVersion
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+class InferenceService:
+    """The protocol's six core calls; Triton's extensions answer UNIMPLEMENTED (no method registered)."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self.messages, _ = messages.v2()
+
+    def _target(self, name: str, version: str) -> ModelVersion:
+        name, number = model_address(name, version or None)
+        return self.calls.registry.get(name).resolve(number)
+
+    def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self.messages.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        ready, _ = self.calls.registry.readiness()
+        return self.messages.ServerReadyResponse(ready=ready)
+
+    def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def work() -> tuple[Any, ModelVersion | None]:
+            try:
+                target = self._target(request.name, request.version)
+            except ApiError as exc:
+                if exc.status == 404:
+                    raise
+                return self.messages.ModelReadyResponse(ready=False), None
+            return self.messages.ModelReadyResponse(ready=target.state == AVAILABLE), target
+
+        return self.calls.run(context, f"/{SERVICE}/ModelReady", work, self.messages.ModelReadyResponse())
+
+    def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self.messages.ServerMetadataResponse(name="forkserve", version=SERVER_VERSION, extensions=[])
+
+    def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def work() -> tuple[Any, ModelVersion]:
+            target = self._target(request.name, request.version)
+            signatures = target.servable.signatures
+            signature = signatures.get("serving_default") or next(iter(signatures.values()))
+            response = self.messages.ModelMetadataResponse(
+                name=target.name,
+                versions=[str(v.version) for v in self.calls.registry.get(target.name).available()],
+                platform=target.servable.platform,
+            )
+            for kind, tensors in (("inputs", signature.inputs), ("outputs", signature.outputs)):
+                for info in tensors.values():
+                    getattr(response, kind).add(**tensor_metadata(info))
+            return response, target
+
+        return self.calls.run(context, f"/{SERVICE}/ModelMetadata", work, self.messages.ModelMetadataResponse())
+
+    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
+        response = self.messages.ModelInferResponse()
+
+        def work() -> tuple[Any, ModelVersion]:
+            target = self._target(request.model_name, request.model_version)
+            instrument.set_version(target.version)
+            started = time.perf_counter()
+            parameters = request.parameters
+            signature_name = (parameters["signature_name"].string_param if "signature_name" in parameters
+                              else "serving_default")
+            signature = target.signature(signature_name)
+            raw = list(request.raw_input_contents)
+            if raw and len(raw) != len(request.inputs):
+                raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input")
+            inputs = {}
+            for index, tensor in enumerate(request.inputs):
+                info = signature.inputs.get(tensor.name)
+                if info is None:
+                    raise InvalidArgument(f"unknown input {tensor.name!r}; the model takes {sorted(signature.inputs)}")
+                inputs[tensor.name] = v2_tensors.to_array(tensor, raw[index] if raw else None, info)
+            if not inputs:
+                raise InvalidArgument("'inputs' is empty: send at least one input tensor")
+            wanted = [output.name for output in request.outputs]
+            for name in wanted:
+                if name not in signature.outputs:
+                    raise InvalidArgument(f"unknown output {name!r}; the model gives {sorted(signature.outputs)}")
+            _, outputs = predict(target, signature.name, inputs, started, timeout_for(context, target))
+            started = time.perf_counter()
+            as_raw = bool(raw) or (parameters["binary_data_output"].bool_param if "binary_data_output" in parameters
+                                   else False)
+            response.model_name = target.name
+            response.model_version = str(target.version)
+            response.id = request.id
+            for name in wanted or list(outputs):
+                array = outputs[name]
+                info = signature.outputs.get(name)
+                datatype = v2_datatype(info.dtype if info else ("string" if array.dtype == object else array.dtype.name))
+                tensor = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+                if as_raw:
+                    response.raw_output_contents.append(v2_tensors.raw_bytes(array))
+                else:
+                    v2_tensors.fill_contents(array, datatype, tensor.contents)
+            instrument.stage("encode", time.perf_counter() - started)
+            return response, target
+
+        return self.calls.run(context, f"/{SERVICE}/ModelInfer", work, response, "v2_infer", request.model_name)
+
+
+def add_to_server(calls: Calls, server: grpc.Server) -> list[str]:
+    """Register the service; returns its full name (for reflection)."""
+    _, services = messages.v2()
+    services.add_GRPCInferenceServiceServicer_to_server(InferenceService(calls), server)
+    return [SERVICE]

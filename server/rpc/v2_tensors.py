@@ -1,0 +1,98 @@
+"""V2 gRPC tensors (InferTensorContents or raw_input_contents) to numpy and back."""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from server.errors import InvalidArgument
+from server.http.codecs.v2 import DATATYPES, v2_datatype
+from server.signature import TensorInfo
+
+# V2 datatype -> the InferTensorContents field that holds its values (the protocol's table)
+CONTENTS = {
+    "BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def _bytes_elements(data: bytes, count: int, name: str) -> np.ndarray:
+    """Length-prefixed (4 bytes, little-endian) BYTES elements of raw contents."""
+    items, offset = [], 0
+    while offset < len(data):
+        if offset + 4 > len(data):
+            raise InvalidArgument(f"input {name!r}: raw BYTES contents end inside a length prefix")
+        (length,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        if offset + length > len(data):
+            raise InvalidArgument(f"input {name!r}: raw BYTES element runs past its contents")
+        items.append(data[offset : offset + length])
+        offset += length
+    if len(items) != count:
+        raise InvalidArgument(f"input {name!r}: {len(items)} BYTES elements for {count} in its shape")
+    array = np.empty(count, dtype=object)
+    array[:] = items
+    return array
+
+
+def to_array(tensor: Any, raw: bytes | None, info: TensorInfo) -> np.ndarray:
+    """One InferInputTensor as numpy, from its typed contents or its raw bytes, checked against the input's dtype."""
+    name, datatype = tensor.name, tensor.datatype
+    if datatype not in DATATYPES:
+        raise InvalidArgument(f"input {name!r}: unknown datatype {datatype!r}; one of {sorted(DATATYPES)}")
+    dtype = DATATYPES[datatype]
+    if dtype != info.dtype:
+        raise InvalidArgument(f"input {name!r} is {datatype}; the model takes {v2_datatype(info.dtype)}")
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"input {name!r}: shape {list(shape)} has a negative size")
+    count = math.prod(shape)
+    if raw is not None:
+        if dtype == "string":
+            return _bytes_elements(raw, count, name).reshape(shape)
+        itemsize = np.dtype(dtype).itemsize
+        if len(raw) != count * itemsize:
+            raise InvalidArgument(f"input {name!r}: {len(raw)} raw bytes for shape {list(shape)} of {datatype} "
+                                  f"({count * itemsize} expected)")
+        return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
+    field = CONTENTS.get(datatype)
+    if field is None:
+        raise InvalidArgument(f"input {name!r}: {datatype} has no typed contents field; send it in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        raise InvalidArgument(f"input {name!r}: {len(values)} {field} values for shape {list(shape)} ({count} expected)")
+    if dtype == "string":
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(shape)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            wide = np.asarray(values)
+            array = wide.astype(dtype, copy=False)
+    except (OverflowError, ValueError):
+        raise InvalidArgument(f"input {name!r}: value out of range for {datatype}") from None
+    if array.dtype.kind in "iu" and not np.array_equal(array, wide):
+        raise InvalidArgument(f"input {name!r}: value out of range for {datatype}")
+    return array.reshape(shape)
+
+
+def raw_bytes(array: np.ndarray) -> bytes:
+    """An output's raw_output_contents: little-endian values, BYTES as length-prefixed elements."""
+    if array.dtype == object:
+        return b"".join(struct.pack("<I", len(x)) + x for x in (
+            v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)))
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def fill_contents(array: np.ndarray, datatype: str, contents: Any) -> None:
+    """An output's typed contents (when the client did not ask for raw outputs)."""
+    field = CONTENTS[datatype]
+    flat = array.reshape(-1)
+    if datatype == "BYTES":
+        getattr(contents, field).extend(v if isinstance(v, bytes) else str(v).encode() for v in flat)
+    else:
+        getattr(contents, field).extend(flat.tolist())
