@@ -45,6 +45,12 @@ def heavy(modules: list[str]) -> list[str]:
     return [m for m in modules if m.split(".")[0] in ("tensorflow", "keras", "tf_keras", "tensorflow_cpu")]
 
 
+def grpc_modules(modules: list[str]) -> list[str]:
+    """gRPC (grpcio and its health, reflection and TF Serving stubs) among `modules`: a gRPC core before fork breaks the workers'."""
+    return [m for m in modules if m.split(".")[0] in ("grpc", "grpc_health", "grpc_reflection", "tensorflow_serving")
+            or m.startswith("server.rpc")]
+
+
 @pytest.mark.parametrize(
     "package",
     ["core", "server.master", "server.cli", "server.telemetry", "server.http", "server.worker"],
@@ -54,12 +60,28 @@ def test_package_imports_without_tensorflow_or_keras(package: str) -> None:
     done, modules = imported(*names)
     assert len(done) >= len(names)
     assert heavy(modules) == [], f"{package} pulled in {heavy(modules)[:5]}"
+    assert grpc_modules(modules) == [], f"{package} pulled in {grpc_modules(modules)[:5]}"
     assert "server.worker.runtime" not in modules
+
+
+def test_the_grpc_package_imports_grpc_but_not_tensorflow() -> None:
+    done, modules = imported("server.rpc")
+    assert "server.rpc.listener" in done and "grpc" in modules
+    assert heavy(modules) == [], f"server.rpc pulled in {heavy(modules)[:5]} at import (TF Serving's protos load when first used)"
+
+
+def test_gunicorn_conf_imports_no_grpc() -> None:
+    done = subprocess.run([sys.executable, "-c", "import runpy, sys, json; runpy.run_path('gunicorn.conf.py'); "
+                           "print(json.dumps(sorted(sys.modules)))"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "FORKSERVE_RUN_DIR": "/tmp/forkserve-import-rule-probe"})
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert grpc_modules(modules) == [] and heavy(modules) == []
 
 
 def test_every_server_module_is_covered_by_a_rule() -> None:
     covered = set(CORE) | {"server.__main__", "server.worker.runtime"}
-    prefixes = ("server.master.", "server.cli.", "server.telemetry.", "server.http.", "server.worker.")
+    prefixes = ("server.master.", "server.cli.", "server.telemetry.", "server.http.", "server.worker.", "server.rpc.")
     for path in (ROOT / "server").rglob("*.py"):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         assert name in covered or name.startswith(prefixes) or name in {p.rstrip(".") for p in prefixes}, name
