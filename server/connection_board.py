@@ -71,11 +71,13 @@ class ConnectionBoard:
 
 
 BOARD: ConnectionBoard | None = None
+GRPC_BOARD: ConnectionBoard | None = None  # the same slots, counting each worker's active gRPC connections (server.rpc.balance)
 
 
 def create(slots: int = SLOTS) -> ConnectionBoard:
-    """Master, before the first fork: the board every worker will inherit."""
-    global BOARD
+    """Master, before the first fork: the boards every worker will inherit (REST's, returned, and gRPC's)."""
+    global BOARD, GRPC_BOARD
     if BOARD is None:
         BOARD = ConnectionBoard(slots)
+        GRPC_BOARD = ConnectionBoard(slots)
     return BOARD

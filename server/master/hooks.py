@@ -57,6 +57,8 @@ def on_starting(server: Any) -> None:
     taken = grpc_port.problem_with(settings.grpc_bind) if settings.grpc_bind else None
     if taken:
         _refuse_to_start(server, taken)
+    if settings.grpc_bind and (migrate := grpc_port.migrate_warning()):
+        server.log.warning("forkserve: %s", migrate)
     if settings.balance_connections and compat.verified("gunicorn"):  # relies on gthread's internals (compat)
         connection_board.create(slots=max(connection_board.SLOTS, 2 * server.cfg.workers + 2))  # room for TTIN and rollouts
     server.log.info(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -94,7 +95,7 @@ class Calls:
             if api:
                 instrument.record(http_status)
                 instrument.release()
-        trailing = [("x-request-id", request_id)]
+        trailing = [("x-request-id", request_id), ("x-forkserve-worker", str(os.getpid()))]  # which worker answered (balance, rollouts)
         if version is not None:
             trailing.append(("x-model-version", str(version.version)))
         context.set_trailing_metadata(tuple(trailing))

@@ -110,7 +110,8 @@ def start_grpc(worker: Any, registry: Any, settings: Settings) -> None:
     try:
         from server.rpc.listener import GrpcListener
 
-        listener = GrpcListener(registry, settings, getattr(worker.log, "access_line", None))
+        listener = GrpcListener(registry, settings, getattr(worker.log, "access_line", None),
+                                slot=getattr(worker, "forkserve_slot", None))
         listener.start()
     except Exception as exc:  # NOTE: never raises (see post_worker_init)
         registry.listener_problem = f"gRPC: {exc}"
