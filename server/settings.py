@@ -125,7 +125,7 @@ class Settings:
     client_timeout: float  # seconds a client may stay silent in the middle of a request (body or headers)
     strict_readiness: bool = False  # ready only when every model of the repository serves (FORKSERVE_STRICT_READINESS)
     grpc_bind: str = DEFAULT_GRPC_BIND  # HOST:PORT every worker's gRPC server listens on ("" turns gRPC off)
-    grpc_max_connection_age: float = 30.0  # seconds before a worker asks a gRPC client to reconnect (0: never)
+    grpc_max_connection_age: float = 5.0  # seconds before a worker asks a gRPC client to reconnect (0: never; server.rpc.listener)
     grpc_max_connection_age_grace: float = 30.0  # ... and how long the calls in flight on it then have
 
     @classmethod
@@ -165,7 +165,7 @@ class Settings:
             client_timeout=_env_seconds("FORKSERVE_CLIENT_TIMEOUT", 15.0),
             strict_readiness=_env_flag("FORKSERVE_STRICT_READINESS", "0"),
             grpc_bind=os.environ.get("FORKSERVE_GRPC_BIND", DEFAULT_GRPC_BIND).strip(),
-            grpc_max_connection_age=_env_seconds("FORKSERVE_GRPC_MAX_CONNECTION_AGE", 30.0),
+            grpc_max_connection_age=_env_seconds("FORKSERVE_GRPC_MAX_CONNECTION_AGE", 5.0),
             grpc_max_connection_age_grace=_env_seconds("FORKSERVE_GRPC_MAX_CONNECTION_AGE_GRACE", 30.0),
         )
 

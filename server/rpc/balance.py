@@ -2,11 +2,12 @@
 
 Runs in a worker only. HTTP/2 channels are long-lived and the kernel hashes each new connection
 to one SO_REUSEPORT listener, so 4 channels often sit 3 on one worker and 1 on the other (75 %).
-grpcio has no per-connection API in Python: the only GOAWAY a worker can send is a whole
-server's stop. So each worker runs a few servers ("shards", server.rpc.listener) on the port;
-a worker holding more active connections than its share (server.connection_board.GRPC_BOARD)
-stops the shard whose connections best match its excess (GOAWAY, calls in flight finish), and
-starts a fresh one: those clients reconnect at their next call, most of them to other workers.
+grpcio has no per-connection API in Python, and a server's stop() cancels calls that were just
+arriving. So each worker runs a few servers ("shards", server.rpc.listener), each with its own
+listening socket on the port; a worker holding more active connections than its share
+(server.connection_board.GRPC_BOARD) stops listening on one of them (server.rpc.sockets.pause),
+and starts listening again below its share. Connections move only at max_connection_age, by
+grpc-core's graceful GOAWAY; fewer listening sockets here send more of them to other workers.
 """
 
 from __future__ import annotations
@@ -61,18 +62,3 @@ def bound(counts: list[int]) -> int | None:
         return None
     share = sum(counts) / len(counts)
     return -(-sum(counts) // len(counts)) + int(share / 8)
-
-
-def pick_shard(per_shard: list[int], excess: int, workers: int) -> int | None:
-    """Index of the shard to stop so that about `excess` connections leave this worker; None if none has any.
-
-    A stopped shard's clients reconnect over every listener but its own: of this worker's
-    shards-1 and the other workers' shards each, so only part of them leave.
-    """
-    shards = len(per_shard)
-    elsewhere = (workers - 1) * shards
-    leaving = elsewhere / (elsewhere + shards - 1)
-    candidates = [i for i, count in enumerate(per_shard) if count > 0]
-    if not candidates:
-        return None
-    return min(candidates, key=lambda i: (abs(per_shard[i] * leaving - excess), -per_shard[i]))

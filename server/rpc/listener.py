@@ -3,8 +3,13 @@
 Runs in a worker only (server.worker.hooks starts it, server.worker.gthread stops it). Every worker
 binds the same FORKSERVE_GRPC_BIND with SO_REUSEPORT (grpcio's default on Linux); the kernel spreads
 new connections over the listening sockets, and the master has made sure no other process holds
-the port. Each worker runs SHARDS servers on it, sharing one thread pool and the health state, so
-that it can move some of its connections to other workers (server.rpc.balance).
+the port. Each worker runs up to SHARDS servers on it, sharing one thread pool and the health state,
+so that it can stop listening on part of them (server.rpc.balance).
+
+NOTE: grpcio's stop() is not lossless under load: grpc-core cancels the calls that arrived but were
+not yet handed to a handler (clients see CANCELLED, grpc/grpc#41785). A worker therefore leaves in
+two steps: it stops listening (server.rpc.sockets.pause), lets max_connection_age's graceful GOAWAY
+move every client to other workers, and only then stops its servers, with no connection left.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from server import connection_board
-from server.rpc import balance, tfserving, v2
+from server.master.grpc_port import split_address
+from server.rpc import balance, sockets, tfserving, v2
 from server.rpc.calls import Calls
 from server.settings import Settings
 from server.worker.registry import ModelRegistry
@@ -28,22 +34,23 @@ from server.worker.registry import ModelRegistry
 log = logging.getLogger("forkserve.grpc")
 
 
-SHARDS = 4  # grpcio servers per worker: the unit a worker's balancer moves is a quarter of its connections
+SHARDS = 4  # grpcio servers per worker, each with its own listening socket: a worker's weight in the kernel's spread
 BALANCE_INTERVAL = 0.5  # seconds between a worker's looks at the board
-COOLDOWN = balance.WINDOW + 1.0  # after a shed, until every worker's count shows where the clients went
-REPLACE_AFTER = 0.2  # a stopped shard's successor listens this much later: its clients reconnect elsewhere first
+COOLDOWN = 1.0  # seconds between two changes of a worker's listening shards
 
 
 class Shard:
-    """One grpcio server with every service, on the shared port, and the connections that carry its calls."""
+    """One grpcio server with every service on the shared port: its listening sockets, the connections that carry calls."""
 
-    def __init__(self, server: grpc.Server, peers: balance.ActivePeers) -> None:
+    def __init__(self, server: grpc.Server, peers: balance.ActivePeers, fds: set[int]) -> None:
         self.server = server
         self.peers = peers
+        self.fds = fds
+        self.paused_at: float | None = None  # when it stopped listening; it serves its connections until they leave
 
 
 class GrpcListener:
-    """SHARDS grpcio servers with TF Serving's services, V2's, health and reflection; a balancer thread."""
+    """Up to SHARDS grpcio servers with TF Serving's services, V2's, health and reflection; a balancer thread."""
 
     def __init__(self, registry: ModelRegistry, settings: Settings, access_line: Callable[[str], None] | None,
                  slot: int | None = None) -> None:
@@ -52,13 +59,12 @@ class GrpcListener:
         self.calls = Calls(registry, access_line)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.slot = slot  # this worker's slot on server.connection_board (None: no balancing)
+        self.port = split_address(settings.grpc_bind)[1]
         self.shards: list[Shard] = []
-        self.draining: list[threading.Event] = []  # shards stopped by the balancer, calls still in flight
-        self.sheds = 0
+        self.stopping: list[threading.Event] = []  # servers stopped, calls still finishing
         self.stopped: threading.Event | None = None
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="forkserve-grpc")
-        self._balancer: threading.Thread | None = None
 
     def options(self) -> list[tuple[str, int]]:
         """Channel arguments: REST's body limit for messages, SO_REUSEPORT, and a maximum connection age."""
@@ -70,7 +76,8 @@ class GrpcListener:
         age = self.settings.grpc_max_connection_age
         if age > 0:
             # NOTE: HTTP/2 channels are long-lived, so a client stays on the worker it first reached.
-            # Past this age the worker sends GOAWAY and the client reconnects, hashed anew over the workers.
+            # Past this age the worker sends GOAWAY (twice, with a ping between: no call is lost) and
+            # the client reconnects at its next call, to a socket that listens.
             options += [("grpc.max_connection_age_ms", int(age * 1000)),
                         ("grpc.max_connection_age_grace_ms", int(self.settings.grpc_max_connection_age_grace * 1000))]
         return options
@@ -87,11 +94,10 @@ class GrpcListener:
             raise
         self.set_health()
         if self.slot is not None and connection_board.GRPC_BOARD is not None:
-            self._balancer = threading.Thread(target=self._balance, name="forkserve-grpc-balance", daemon=True)
-            self._balancer.start()
+            threading.Thread(target=self._balance, name="forkserve-grpc-balance", daemon=True).start()
 
     def _new_shard(self) -> Shard:
-        """One more server on the port, started."""
+        """One more server listening on the port, started."""
         peers = balance.ActivePeers()
         server = grpc.server(self._executor, options=self.options(), interceptors=(peers,),
                              maximum_concurrent_rpcs=max(2, self.settings.threads * 8 // SHARDS))
@@ -99,6 +105,7 @@ class GrpcListener:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         reflection.enable_server_reflection(names + [reflection.SERVICE_NAME], server)
+        before = sockets.listening(self.port)
         try:
             port = server.add_insecure_port(self.settings.grpc_bind)
         except RuntimeError as exc:
@@ -106,7 +113,7 @@ class GrpcListener:
         if not port:
             raise RuntimeError(f"cannot listen for gRPC on {self.settings.grpc_bind}")
         server.start()
-        return Shard(server, peers)
+        return Shard(server, peers, sockets.listening(self.port) - before)
 
     def set_health(self) -> None:
         """grpc.health.v1: the server ("") as /readyz says, each model SERVING while a version of it serves."""
@@ -116,64 +123,82 @@ class GrpcListener:
         for name, entry in report.items():
             self.health.set(name, serving if entry["serving"] else not_serving)
 
+    def listening(self) -> list[Shard]:
+        return [shard for shard in self.shards if shard.paused_at is None]
+
     def _balance(self) -> None:
-        """Balancer thread: publish this worker's active connections; above the bound, shed one shard's."""
+        """Balancer thread: publish this worker's active connections; listen on fewer shards above the bound, more below.
+
+        NOTE: a paused shard keeps serving its connections; each leaves at its max_connection_age and
+        reconnects to a listening socket, now less likely one of this worker's. A worker always keeps
+        one shard listening, so some socket of the group always accepts.
+        """
         board, slot = connection_board.GRPC_BOARD, self.slot
         assert board is not None and slot is not None
-        quiet_until = 0.0
+        changed = 0.0
         while self.stopped is None:
             time.sleep(BALANCE_INTERVAL)
             with self._lock:
                 if self.stopped is not None:
                     break
-                per_shard = [shard.peers.active() for shard in self.shards]
-                board.publish(slot, sum(per_shard))
+                now = time.monotonic()
+                active = sum(shard.peers.active() for shard in self.shards)
+                board.publish(slot, active)
                 counts = board.counts()
                 limit = balance.bound(counts)
-                if limit is None or sum(per_shard) <= limit or time.monotonic() < quiet_until:
-                    continue
-                share = -(-sum(counts) // len(counts))
-                index = balance.pick_shard(per_shard, sum(per_shard) - share, len(counts))
-                if index is None:
-                    continue
-                shed = self.shards.pop(index)
-                self.draining.append(shed.server.stop(self.settings.grpc_max_connection_age_grace))
-                self.sheds += 1
-            log.info("gRPC: %d active connections here, %s on the board (bound %d): GOAWAY to %d of them",
-                     sum(per_shard), counts, limit, per_shard[index])
-            time.sleep(REPLACE_AFTER)
-            with self._lock:
-                if self.stopped is not None:
-                    break
-                try:
-                    self.shards.append(self._new_shard())
-                except RuntimeError as exc:  # NOTE: the other shards keep serving; the worker runs with one fewer
-                    log.error("gRPC: a replacement server could not start: %s", exc)
-            quiet_until = time.monotonic() + COOLDOWN
+                listening = self.listening()
+                if limit is not None and now - changed > COOLDOWN:
+                    if active > limit and len(listening) > 1:
+                        self._pause(listening[-1], now)
+                        changed = now
+                    elif (active <= sum(counts) // len(counts) or active == 0) and len(listening) < SHARDS:
+                        self._add_shard()
+                        changed = now
+                elif limit is None and len(listening) < SHARDS:
+                    self._add_shard()
+                for shard in [s for s in self.shards if s.paused_at is not None and now - s.paused_at > balance.WINDOW]:
+                    if shard.peers.active() == 0:  # every connection of it has left: a stop cancels nothing
+                        self.shards.remove(shard)
+                        self.stopping.append(shard.server.stop(self.settings.grpc_max_connection_age_grace))
+
+    def _pause(self, shard: Shard, now: float) -> None:
+        sockets.pause(shard.fds)
+        shard.paused_at = now
+
+    def _add_shard(self) -> None:
+        try:
+            self.shards.append(self._new_shard())
+        except RuntimeError as exc:  # NOTE: the listening shards keep serving; this worker just weighs less
+            log.error("gRPC: another server on the port could not start: %s", exc)
 
     def stop(self, grace: float) -> threading.Event:
-        """Stop accepting, send GOAWAY, give calls in flight `grace` seconds; the event is set when all are done."""
+        """Stop listening at once; once the clients have moved (max_connection_age), stop the servers with `grace`.
+
+        The event is set when every call has finished, within `grace` seconds.
+        """
         with self._lock:
             if self.stopped is None:
+                self.stopped = threading.Event()
                 self.health.enter_graceful_shutdown()
                 if self.slot is not None and connection_board.GRPC_BOARD is not None:
                     connection_board.GRPC_BOARD.release(self.slot)
-                events = [shard.server.stop(grace) for shard in self.shards] + self.draining
-                self.stopped = _all_set(events)
+                now = time.monotonic()
+                for shard in self.listening():
+                    self._pause(shard, now)
+                threading.Thread(target=self._drain, args=(grace,), name="forkserve-grpc-drain", daemon=True).start()
         return self.stopped
 
-
-def _all_set(events: list[threading.Event]) -> threading.Event:
-    """An event set once every one of `events` is."""
-    done = threading.Event()
-    if all(event.is_set() for event in events):
-        done.set()
-        return done
-
-    def wait() -> None:
+    def _drain(self, grace: float) -> None:
+        """Drain thread: wait for the connections to leave (at most one connection age, within `grace`), then stop."""
+        assert self.stopped is not None
+        started = time.monotonic()
+        age = self.settings.grpc_max_connection_age
+        drain = min(grace, age * 1.1 + 1.0) if age > 0 and grace > 0 else 0.0  # NOTE: grpc-core jitters the age by +-10 %
+        while time.monotonic() - started < drain and sockets.connections(self.port) > 0:
+            time.sleep(0.05)
+        remaining = max(0.0, grace - (time.monotonic() - started))
+        with self._lock:
+            events = [shard.server.stop(remaining) for shard in self.shards] + self.stopping
         for event in events:
             event.wait()
-        done.set()
-
-    threading.Thread(target=wait, name="forkserve-grpc-stopped", daemon=True).start()
-    return done
+        self.stopped.set()
