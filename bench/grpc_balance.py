@@ -1,11 +1,12 @@
 """How gRPC calls spread over 2 workers with 1, 4 and 16 client channels (one TF Serving stub each).
 
-    .venv/bin/python -m bench.grpc_balance [--channels 1 4 16] [--seconds 30] [--age 30] [--no-balance]
+    .venv/bin/python -m bench.grpc_balance [--channels 1 4 16] [--rounds 3] [--seconds 30] [--age 30] [--no-balance]
 
 2-worker forkserve over an MLP; each channel is one client thread calling Predict in a closed loop
 for the whole run, as a long-lived TF Serving client does. The worker that answered each call is
-read from the `x-forkserve-worker` trailing metadata. Reported per channel count: the largest share
-one worker carried over the whole window and over each 5 s slice, and GOAWAY sheds (the log).
+read from the `x-forkserve-worker` trailing metadata. Each round opens fresh channels (the kernel
+hashes them anew). Reported per channel count and round: the largest share one worker carried over
+the window and over its worst 5 s slice, and how often a worker stopped listening on a socket (the log).
 Goal: with >= 4 channels no worker above 60 % over the window.
 """
 
@@ -97,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--channels", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--rounds", type=int, default=3, help="fresh channels per channel count")
     parser.add_argument("--age", type=float, default=None, help="FORKSERVE_GRPC_MAX_CONNECTION_AGE (default: the server's)")
     parser.add_argument("--no-balance", action="store_true", help="FORKSERVE_BALANCE_CONNECTIONS=0 (no shedding)")
     args = parser.parse_args()
@@ -113,14 +115,16 @@ def main() -> None:
     env["FORKSERVE_GRPC_BIND"] = f"0.0.0.0:{port}"  # every loopback address (targets)
     server = Server(models_dir=work / "models", run_dir=work / "run", workers=2, grpc_port=port, env=env).start()
     try:
-        print(f"| channels | calls | failed | top worker, window | worst {SLICE:.0f} s slice | sheds |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        print(f"| channels | round | calls | failed | top worker, window | worst {SLICE:.0f} s slice | pauses |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
         for channels in args.channels:
-            before = server.log().count("GOAWAY to")
-            answers, failed = drive(port, channels, args.seconds)
-            window, worst = shares(answers)
-            sheds = server.log().count("GOAWAY to") - before
-            print(f"| {channels} | {len(answers)} | {failed} | {window:.0%} | {worst:.0%} | {sheds} |", flush=True)
+            for round_ in range(args.rounds):
+                before = server.log().count("stopped listening on one socket")
+                answers, failed = drive(port, channels, args.seconds)
+                window, worst = shares(answers)
+                pauses = server.log().count("stopped listening on one socket") - before
+                print(f"| {channels} | {round_ + 1} | {len(answers)} | {failed} | {window:.0%} | {worst:.0%} | {pauses} |",
+                      flush=True)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -124,6 +124,7 @@ class GrpcListener:
             self.health.set(name, serving if entry["serving"] else not_serving)
 
     def listening(self) -> list[Shard]:
+        """The shards still listening."""
         return [shard for shard in self.shards if shard.paused_at is None]
 
     def _balance(self) -> None:
@@ -151,21 +152,26 @@ class GrpcListener:
                     if active > limit and len(listening) > 1:
                         self._pause(listening[-1], now)
                         changed = now
+                        log.info("gRPC: %d active connections here, %s on the board (bound %d): "
+                                 "stopped listening on one socket of %d", active, counts, limit, len(listening))
                     elif (active <= sum(counts) // len(counts) or active == 0) and len(listening) < SHARDS:
                         self._add_shard()
                         changed = now
                 elif limit is None and len(listening) < SHARDS:
                     self._add_shard()
+                self.stopping = [event for event in self.stopping if not event.is_set()]
                 for shard in [s for s in self.shards if s.paused_at is not None and now - s.paused_at > balance.WINDOW]:
                     if shard.peers.active() == 0:  # every connection of it has left: a stop cancels nothing
                         self.shards.remove(shard)
                         self.stopping.append(shard.server.stop(self.settings.grpc_max_connection_age_grace))
 
     def _pause(self, shard: Shard, now: float) -> None:
+        """Stop listening on `shard`'s sockets; it serves the connections it has until they leave."""
         sockets.pause(shard.fds)
         shard.paused_at = now
 
     def _add_shard(self) -> None:
+        """One more shard listening (its log says why when the port refuses it)."""
         try:
             self.shards.append(self._new_shard())
         except RuntimeError as exc:  # NOTE: the listening shards keep serving; this worker just weighs less
