@@ -76,6 +76,50 @@ def signature_def(signature: SignatureInfo, proto: Any) -> None:
     proto.method_name = METHOD_NAMES[signature.method]
 
 
+def output_names(request: Any, outputs: dict[str, np.ndarray]) -> list[str]:
+    """The outputs a PredictRequest asks for (output_filter, else all); InvalidArgument for one the signature lacks."""
+    wanted = list(request.output_filter) or list(outputs)
+    for name in wanted:
+        if name not in outputs:
+            raise InvalidArgument(f"output_filter names {name!r}; the signature gives {sorted(outputs)}")
+    return wanted
+
+
+def serialized_examples(given: Any, signature: SignatureInfo, method: str) -> np.ndarray:
+    """A Classify/Regress request's `input` as serialized tf.Examples (context features merged), for a `method` signature."""
+    if signature.method != method:
+        raise InvalidArgument(f"signature {signature.name!r} is a {signature.method} signature, not {method}; "
+                              f"call {signature.method.capitalize()} or pick another signature_name")
+    if list(signature.inputs) != ["inputs"] or signature.inputs["inputs"].dtype != "string":
+        raise InvalidArgument(f"signature {signature.name!r} does not take serialized tf.Examples")
+    kind = given.WhichOneof("kind")
+    if kind == "example_list":
+        examples = list(given.example_list.examples)
+    elif kind == "example_list_with_context":
+        with_context = given.example_list_with_context
+        examples = []
+        for example in with_context.examples:
+            merged = type(example)()
+            merged.CopyFrom(with_context.context)
+            merged.MergeFrom(example)
+            examples.append(merged)
+    else:
+        raise InvalidArgument("input has no examples: set example_list or example_list_with_context")
+    if not examples:
+        raise InvalidArgument("input holds no examples")
+    serialized = np.empty(len(examples), dtype=object)
+    serialized[:] = [e.SerializeToString() for e in examples]
+    return serialized
+
+
+def regression_values(outputs: dict[str, np.ndarray], rows: int) -> list[float]:
+    """A regress signature's one value per example, or InvalidArgument."""
+    values = outputs.get("outputs")
+    if values is None or np.asarray(values).size != rows:
+        raise InvalidArgument("regression signature must give one 'outputs' value per example")
+    return np.asarray(values).reshape(rows).tolist()
+
+
 class PredictionService:
     """Predict, Classify, Regress and GetModelMetadata; MultiInference is not offered."""
 
@@ -94,10 +138,7 @@ class PredictionService:
             inputs = decode_inputs(request.inputs, signature, target)
             _, outputs = predict(target, signature.name, inputs, started, timeout_for(context, target))
             started = time.perf_counter()
-            wanted = list(request.output_filter) or list(outputs)
-            for name in wanted:
-                if name not in outputs:
-                    raise InvalidArgument(f"output_filter names {name!r}; the signature gives {sorted(outputs)}")
+            for name in output_names(request, outputs):
                 tensor_proto.from_array(outputs[name], response.outputs[name])
             fill_spec(response.model_spec, target, signature.name)
             instrument.stage("encode", time.perf_counter() - started)
@@ -111,32 +152,11 @@ class PredictionService:
         """Serialized tf.Examples of a Classify/Regress request (context features merged), run on its signature."""
         started = time.perf_counter()
         signature = target.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
-        if signature.method != method:
-            raise InvalidArgument(f"signature {signature.name!r} is a {signature.method} signature, not {method}; "
-                                  f"call {signature.method.capitalize()} or pick another signature_name")
-        if list(signature.inputs) != ["inputs"] or signature.inputs["inputs"].dtype != "string":
-            raise InvalidArgument(f"signature {signature.name!r} does not take serialized tf.Examples")
-        kind = request.input.WhichOneof("kind")
-        if kind == "example_list":
-            examples = list(request.input.example_list.examples)
-        elif kind == "example_list_with_context":
-            with_context = request.input.example_list_with_context
-            examples = []
-            for example in with_context.examples:
-                merged = type(example)()
-                merged.CopyFrom(with_context.context)
-                merged.MergeFrom(example)
-                examples.append(merged)
-        else:
-            raise InvalidArgument("input has no examples: set example_list or example_list_with_context")
-        if not examples:
-            raise InvalidArgument("input holds no examples")
-        serialized = np.empty(len(examples), dtype=object)
-        serialized[:] = [e.SerializeToString() for e in examples]
+        serialized = serialized_examples(request.input, signature, method)
         instrument.stage("decode", time.perf_counter() - started)
-        outputs = infer(target, signature.name, {"inputs": serialized}, len(examples), signature.batchable,
+        outputs = infer(target, signature.name, {"inputs": serialized}, len(serialized), signature.batchable,
                         timeout_for(context, target))
-        return signature, outputs, len(examples)
+        return signature, outputs, len(serialized)
 
     def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self.apis.classification_pb2.ClassificationResponse()
@@ -170,10 +190,7 @@ class PredictionService:
             target = resolve(self.calls, request.model_spec)
             instrument.set_version(target.version)
             signature, outputs, rows = self._examples(request, target, "regress", context)
-            values = outputs.get("outputs")
-            if values is None or np.asarray(values).size != rows:
-                raise InvalidArgument("regression signature must give one 'outputs' value per example")
-            for value in np.asarray(values).reshape(rows).tolist():
+            for value in regression_values(outputs, rows):
                 response.result.regressions.add().value = value
             fill_spec(response.model_spec, target, signature.name)
             return response, target
