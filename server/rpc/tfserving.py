@@ -105,6 +105,39 @@ def signature_def(signature: SignatureInfo, proto: Any) -> None:
     proto.method_name = METHOD_NAMES[signature.method]
 
 
+def serialized_examples(given: Any, signature: SignatureInfo, method: str) -> np.ndarray:
+    """A Classify/Regress request's `input` as serialized tf.Examples (context features merged), for a `method` signature."""
+    if signature.method != method:
+        raise InvalidArgument(f"signature {signature.name!r} is a {signature.method} signature, not {method}; "
+                              f"call {signature.method.capitalize()} or pick another signature_name")
+    if list(signature.inputs) != ["inputs"] or signature.inputs["inputs"].dtype != "string":
+        raise InvalidArgument(f"signature {signature.name!r} does not take serialized tf.Examples")
+    kind = given.WhichOneof("kind")
+    if kind == "example_list":
+        examples = [e.SerializeToString() for e in given.example_list.examples]
+    elif kind == "example_list_with_context":
+        # NOTE: TF Serving's own merge: the context's bytes, then the example's; protobuf parses the
+        # concatenation as one message, in which an example's feature replaces the context's.
+        with_context = given.example_list_with_context
+        context_bytes = with_context.context.SerializeToString()
+        examples = [context_bytes + e.SerializeToString() for e in with_context.examples]
+    else:
+        raise InvalidArgument("input has no examples: set example_list or example_list_with_context")
+    if not examples:
+        raise InvalidArgument("input holds no examples")
+    serialized = np.empty(len(examples), dtype=object)
+    serialized[:] = examples
+    return serialized
+
+
+def regression_values(outputs: dict[str, np.ndarray], rows: int) -> list[float]:
+    """A regress signature's one value per example, or InvalidArgument."""
+    values = outputs.get("outputs")
+    if values is None or np.asarray(values).size != rows:
+        raise InvalidArgument("regression signature must give one 'outputs' value per example")
+    return np.asarray(values).reshape(rows).tolist()
+
+
 class PredictionService:
     """Predict, Classify, Regress and GetModelMetadata; MultiInference is not offered."""
 
@@ -139,30 +172,11 @@ class PredictionService:
         """Serialized tf.Examples of a Classify/Regress request (context features merged), run on its signature."""
         started = time.perf_counter()
         signature = target.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
-        if signature.method != method:
-            raise InvalidArgument(f"signature {signature.name!r} is a {signature.method} signature, not {method}; "
-                                  f"call {signature.method.capitalize()} or pick another signature_name")
-        if list(signature.inputs) != ["inputs"] or signature.inputs["inputs"].dtype != "string":
-            raise InvalidArgument(f"signature {signature.name!r} does not take serialized tf.Examples")
-        kind = request.input.WhichOneof("kind")
-        if kind == "example_list":
-            examples = [e.SerializeToString() for e in request.input.example_list.examples]
-        elif kind == "example_list_with_context":
-            # NOTE: TF Serving's own merge: the context's bytes, then the example's; protobuf parses the
-            # concatenation as one message, in which an example's feature replaces the context's.
-            with_context = request.input.example_list_with_context
-            context_bytes = with_context.context.SerializeToString()
-            examples = [context_bytes + e.SerializeToString() for e in with_context.examples]
-        else:
-            raise InvalidArgument("input has no examples: set example_list or example_list_with_context")
-        if not examples:
-            raise InvalidArgument("input holds no examples")
-        serialized = np.empty(len(examples), dtype=object)
-        serialized[:] = examples
+        serialized = serialized_examples(request.input, signature, method)
         instrument.stage("decode", time.perf_counter() - started)
-        outputs = infer(target, signature.name, {"inputs": serialized}, len(examples), signature.batchable,
+        outputs = infer(target, signature.name, {"inputs": serialized}, len(serialized), signature.batchable,
                         timeout_for(context, target))
-        return signature, outputs, len(examples)
+        return signature, outputs, len(serialized)
 
     def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self.apis.classification_pb2.ClassificationResponse()
@@ -196,10 +210,7 @@ class PredictionService:
             target = resolve(self.calls, request.model_spec)
             instrument.set_version(target.version)
             signature, outputs, rows = self._examples(request, target, "regress", context)
-            values = outputs.get("outputs")
-            if values is None or np.asarray(values).size != rows:
-                raise InvalidArgument("regression signature must give one 'outputs' value per example")
-            for value in np.asarray(values).reshape(rows).tolist():
+            for value in regression_values(outputs, rows):
                 response.result.regressions.add().value = value
             fill_spec(response.model_spec, target, signature.name)
             return response, target
