@@ -13,11 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from server.rpc import tfserving, v2
 from server.rpc.calls import Calls
+from server.rpc.health import ModelHealth
 from server.settings import Settings
 from server.worker.registry import ModelRegistry
 
@@ -31,7 +32,7 @@ class GrpcListener:
         self.registry = registry
         self.settings = settings
         self.calls = Calls(registry, access_line)
-        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.health = ModelHealth(registry)
         self.server: grpc.Server | None = None
         self.stopped: threading.Event | None = None
 
@@ -66,15 +67,7 @@ class GrpcListener:
             raise RuntimeError(f"cannot listen for gRPC on {self.settings.grpc_bind}")
         server.start()
         self.server = server
-        self.set_health()
-
-    def set_health(self) -> None:
-        """grpc.health.v1: the server ("") as /readyz says, each model SERVING while a version of it serves."""
-        ready, report = self.registry.readiness()
-        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-        self.health.set("", serving if ready else not_serving)
-        for name, entry in report.items():
-            self.health.set(name, serving if entry["serving"] else not_serving)
+        self.health.refresh()
 
     def stop(self, grace: float) -> threading.Event:
         """Stop accepting, send GOAWAY, give calls in flight `grace` seconds; the event is set when all are done."""
