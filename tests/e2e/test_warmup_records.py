@@ -35,7 +35,7 @@ from tests.e2e.harness import ROOT, Server, wait_until
 from tests.e2e.traffic import Traffic
 
 HALF_PLUS_TWO = TFSERVING_TESTDATA / "saved_model_half_plus_two_cpu" / "00000123"
-WRONG_DTYPE = "input 'x' is DT_INT32; the model takes DT_FLOAT"
+WRONG_DTYPE = "input 'x' is DT_INT32; signature 'serving_default' takes DT_FLOAT"
 WRONG_NAME = "missing input(s) ['x']; signature 'serving_default' takes ['x']"
 
 

@@ -153,7 +153,7 @@ def test_a_version_without_the_file_or_not_a_saved_model_replays_nothing(tmp_pat
 @pytest.mark.parametrize(("record", "reason"), [
     (predict({"z": X}), "missing input(s) ['x']; signature 'serving_default' takes ['x']"),
     (predict({"x": X, "z": X}), "unknown input(s) ['z']; signature 'serving_default' takes ['x']"),
-    (predict({"x": (np.array([[1], [2]], dtype=np.int32), tf.int32)}), "input 'x' is DT_INT32; the model takes DT_FLOAT"),
+    (predict({"x": (np.array([[1], [2]], dtype=np.int32), tf.int32)}), "input 'x' is DT_INT32; signature 'serving_default' takes DT_FLOAT"),
     (predict({"x": X}, signature="nope"), "signature 'nope' not found in model half_plus_two version 1"),
     (predict({"x": X}, output_filter=("z",)), "output_filter names 'z'; the signature gives ['y']"),
     (predict({"x": (np.array([[np.nan]], dtype=np.float32), tf.float32)}), "input 'x' holds NaN or Infinity"),
@@ -236,7 +236,7 @@ def test_keras_saved_models_keras_2_and_keras_3_export(keras2_cnn: Version, kera
     keras3_export.write([predict({"features": features}), predict({"features": features}, signature="serve")])
     assert keras3_export.replay() == 2
     keras3_export.write([predict({"features": (np.ones((3, 4), np.float64), tf.float64)})])
-    with pytest.raises(WarmupRecordFailed, match=r"input 'features' is DT_DOUBLE; the model takes DT_FLOAT"):
+    with pytest.raises(WarmupRecordFailed, match=r"input 'features' is DT_DOUBLE; signature 'serving_default' takes DT_FLOAT"):
         keras3_export.replay()
 
 
@@ -256,4 +256,4 @@ def test_the_registry_fails_the_version_with_the_reason_and_logs_the_records_rep
     assert registry._load_version(bad, runtime) is False
     assert bad.state == END and bad.servable is None and bad.executor is None
     assert bad.error == (f"failed to load: WarmupRecordFailed: {WARMUP_FILE}: record 2 (predict_log) was refused: "
-                         "input 'x' is DT_INT32; the model takes DT_FLOAT")
+                         "input 'x' is DT_INT32; signature 'serving_default' takes DT_FLOAT")
