@@ -155,7 +155,7 @@ def test_a_version_without_the_file_or_not_a_saved_model_replays_nothing(tmp_pat
     (predict({"x": X, "z": X}), "unknown input(s) ['z']; signature 'serving_default' takes ['x']"),
     (predict({"x": (np.array([[1], [2]], dtype=np.int32), tf.int32)}), "input 'x' is DT_INT32; signature 'serving_default' takes DT_FLOAT"),
     (predict({"x": X}, signature="nope"), "signature 'nope' not found in model half_plus_two version 1"),
-    (predict({"x": X}, output_filter=("z",)), "output_filter names 'z'; the signature gives ['y']"),
+    (predict({"x": X}, output_filter=("z",)), "output_filter names 'z'; signature 'serving_default' gives ['y']"),
     (predict({"x": (np.array([[np.nan]], dtype=np.float32), tf.float32)}), "input 'x' holds NaN or Infinity"),
     (classify("regress_x_to_y", [1.0]), "signature 'regress_x_to_y' is a regress signature, not classify"),
     (regress("serving_default", [1.0]), "signature 'serving_default' is a predict signature, not regress"),
