@@ -51,7 +51,7 @@ lint: install-dev
 	.peers/$*/bin/pip install --quiet -r $<
 	touch $@
 
-bench-peers: install-dev .peers/mlserver/.installed .peers/kserve/.installed
+bench-peers: install-dev system-deps .peers/mlserver/.installed .peers/kserve/.installed
 	$(BIN)/python -m bench.peers
 
 # Builds the container image with podman on a bookworm base made by debootstrap, then runs it

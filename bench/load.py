@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import resource
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -28,6 +30,13 @@ class LoadResult:
     max_seconds: float
     requests: int
     errors: int
+    client_cpu_seconds: float = 0.0  # the load generator's own CPU over the run
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU of this process's waited-for children so far (a load generator, once it has exited)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _seconds(text: str) -> float:
@@ -65,5 +74,7 @@ def run_wrk(url: str, body: bytes, connections: int, seconds: float, threads: in
             "wrk", f"-t{min(threads, connections)}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
             "--timeout", "10s", "-s", str(script), url,
         ]
+        before = children_cpu_seconds()
         output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
-    return parse_wrk(output)
+        cpu = children_cpu_seconds() - before
+    return dataclasses.replace(parse_wrk(output), client_cpu_seconds=cpu)

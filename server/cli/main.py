@@ -75,7 +75,7 @@ def _validate(args: argparse.Namespace) -> int:
         return _failed("validate", f"{type(exc).__name__}: {exc}")
     for warning in verdict["warnings"]:
         print(f"validate: warning: {warning}", file=sys.stderr)
-    print(json.dumps({key: verdict[key] for key in ("format", "signatures", "handler")}))
+    print(json.dumps({key: verdict.get(key) for key in ("format", "signatures", "handler", "warmup_records")}))
     print(f"validate: {source} is valid as the next version of {args.name} (settings from {conf})", file=sys.stderr)
     return 0
 

@@ -107,6 +107,7 @@ def check(source: VersionSource, config: ModelConfig) -> dict[str, Any]:
     stage = "model"
     try:
         from server.worker import runtime  # NOTE: TensorFlow's import, inside: a broken install is a verdict too
+        from server.worker import warmup_records
         from server.worker.registry import ModelRegistry, ModelVersion
 
         servable = runtime.load_servable(source)
@@ -115,11 +116,15 @@ def check(source: VersionSource, config: ModelConfig) -> dict[str, Any]:
         handler = None if source.file is not None else ModelRegistry._load_handler(ModelVersion(source, config))
         stage = "warm-up"
         servable.warm_up(config.batch_buckets)
+        stage = "warm-up records"
+        records = warmup_records.replay(source, config, servable)
         stage = "example"
         if handler is not None:
             check_example(handler, servable.signatures, config, servable.run)
     except HandlerError as exc:
         return {"valid": False, "reason": _one_line(f"handler: {exc}")}
+    except warmup_records.WarmupRecordFailed as exc:
+        return {"valid": False, "reason": _one_line(f"warm-up records: {exc}")}
     except BaseException as exc:  # NOTE: SystemExit and KeyboardInterrupt from a handler are verdicts too
         # (server.worker.handlers turns what a handler raises into a HandlerError with its handler.py
         # line; this is the net under it, so that no exception can leave the child without a verdict.)
@@ -134,7 +139,8 @@ def check(source: VersionSource, config: ModelConfig) -> dict[str, Any]:
                   for name, s in servable.signatures.items()}
     warnings = [NO_EXAMPLE_WARNING] if handler is not None and handler.example is None else []
     return {"valid": True, "format": servable.platform, "signatures": signatures,
-            "handler": handler.describe() if handler is not None else None, "warnings": warnings}
+            "handler": handler.describe() if handler is not None else None, "warnings": warnings,
+            "warmup_records": records}
 
 
 def _verdict_stream() -> TextIO:

@@ -88,6 +88,8 @@ class Calls:
             code, details, http_status = status_code(exc), exc.message, exc.status
             if http_status >= 500:
                 log.warning("request %s failed with %s: %s", request_id, code.name, details)
+            if code == grpc.StatusCode.INTERNAL:  # NOTE: clients log the details, rarely the trailing metadata
+                details = f"{details} (request id {request_id})"
         except Exception:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
             log.exception("request %s: unexpected error", request_id)
             code, details, http_status = grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})", 500

@@ -21,13 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from server import connection_board
 from server.master.grpc_port import split_address
 from server.rpc import balance, sockets, tfserving, v2
 from server.rpc.calls import Calls
+from server.rpc.health import ModelHealth
 from server.settings import Settings
 from server.worker.registry import ModelRegistry
 
@@ -57,7 +58,7 @@ class GrpcListener:
         self.registry = registry
         self.settings = settings
         self.calls = Calls(registry, access_line)
-        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.health = ModelHealth(registry)
         self.slot = slot  # this worker's slot on server.connection_board (None: no balancing)
         self.port = split_address(settings.grpc_bind)[1]
         self.shards: list[Shard] = []
@@ -92,7 +93,7 @@ class GrpcListener:
                 shard.server.stop(0)
             self.shards.clear()
             raise
-        self.set_health()
+        self.health.refresh()
         if self.slot is not None and connection_board.GRPC_BOARD is not None:
             threading.Thread(target=self._balance, name="forkserve-grpc-balance", daemon=True).start()
 
@@ -114,14 +115,6 @@ class GrpcListener:
             raise RuntimeError(f"cannot listen for gRPC on {self.settings.grpc_bind}")
         server.start()
         return Shard(server, peers, sockets.listening(self.port) - before)
-
-    def set_health(self) -> None:
-        """grpc.health.v1: the server ("") as /readyz says, each model SERVING while a version of it serves."""
-        ready, report = self.registry.readiness()
-        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-        self.health.set("", serving if ready else not_serving)
-        for name, entry in report.items():
-            self.health.set(name, serving if entry["serving"] else not_serving)
 
     def listening(self) -> list[Shard]:
         """The shards still listening."""

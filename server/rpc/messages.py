@@ -22,15 +22,21 @@ def v2() -> tuple[ModuleType, ModuleType]:
 
 @functools.cache
 def tfserving() -> ModuleType:
-    """TF Serving's generated modules (tensorflow-serving-api, installed without its `tensorflow` dependency)."""
+    """TF Serving's generated modules (tensorflow-serving-api, installed without its `tensorflow` dependency).
+
+    NOTE: the *_service_pb2 modules declare the services; *_pb2_grpc does not import them, and
+    server reflection finds only what protobuf's default pool holds.
+    """
     import tensorflow_serving.apis as apis
     from tensorflow_serving.apis import (  # noqa: F401
         classification_pb2,
         get_model_metadata_pb2,
         get_model_status_pb2,
+        model_service_pb2,
         model_service_pb2_grpc,
         predict_pb2,
         prediction_log_pb2,
+        prediction_service_pb2,
         prediction_service_pb2_grpc,
         regression_pb2,
     )

@@ -14,12 +14,17 @@ from server.http.codecs.images import decode_image
 from server.http.common import infer, predict
 from server.rpc import messages, tensor_proto
 from server.rpc.calls import Calls, timeout_for
-from server.signature import METHOD_NAMES, SignatureInfo
+from server.signature import METHOD_NAMES, SignatureInfo, TensorInfo
 from server.worker.registry import ModelVersion
 
 DEFAULT_SIGNATURE = "serving_default"
 # TF Serving's ModelVersionStatus.State values
 STATES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
+# tensorflow.error.Code values of the names REST's status JSON gives
+ERROR_CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
+               "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
+               "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
+               "DATA_LOSS": 15, "UNAUTHENTICATED": 16}
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
 
@@ -29,29 +34,53 @@ def resolve(calls: Calls, spec: Any) -> ModelVersion:
     if not spec.name:
         raise InvalidArgument("model_spec.name is empty")
     model = calls.registry.get(spec.name)
-    label = spec.version_label or None
-    version = spec.version.value if spec.HasField("version") else None
-    if label is not None and version is not None:
-        raise InvalidArgument("model_spec sets both version and version_label; set one")
-    return model.resolve(version, label)
+    choice = spec.WhichOneof("version_choice")  # version and version_label are a oneof
+    return model.resolve(spec.version.value if choice == "version" else None,
+                         spec.version_label if choice == "version_label" else None)
 
 
 def decode_inputs(inputs: Any, signature: SignatureInfo, target: ModelVersion) -> dict[str, np.ndarray]:
-    """A PredictRequest's tensors as numpy of the signature's dtypes; encoded images (DT_STRING) for an image input are decoded."""
+    """A PredictRequest's tensors as numpy of the signature's dtypes; encoded images (DT_STRING) for an image input are decoded.
+
+    NOTE: the dtype must be the signature's, as in TF Serving (REST's JSON numbers have no dtype,
+    so REST casts them; a TensorProto says what it holds). Shapes, names, batch size and
+    finiteness are checked after, by the same validate_inputs REST uses.
+    """
     arrays = {}
     for name, proto in inputs.items():
         array = tensor_proto.to_array(proto, name)
         info = signature.inputs.get(name)
         if info is not None and array.dtype.name != info.dtype:
             if array.dtype == object and info.is_image:
-                images = [decode_image(item, info, target.config) for item in array.reshape(-1)]
-                array = np.stack(images) if len(images) != 1 else images[0][np.newaxis]
+                array = decode_images(array, info, target)
             elif not (array.dtype == object and info.dtype == "string"):
-                raise InvalidArgument(
-                    f"input {name!r} is {tensor_proto.ENUM_NAMES.get(proto.dtype, proto.dtype)}; the model takes "
-                    f"{tensor_proto.ENUM_NAMES.get(tensor_proto.ENUMS.get(info.dtype, 0), info.dtype)}")
+                raise InvalidArgument(f"input {name!r} is {tensor_proto.dtype_name(proto.dtype)}; signature "
+                                      f"{signature.name!r} takes {tensor_proto.TF_NAMES.get(info.dtype, info.dtype)}")
         arrays[name] = array
     return arrays
+
+
+def decode_images(encoded: np.ndarray, info: TensorInfo, target: ModelVersion) -> np.ndarray:
+    """A [N] DT_STRING tensor of encoded images (JPEG, PNG, ...) as the image input's batch, as REST's {"b64": ...} rows."""
+    if encoded.ndim != 1:
+        raise InvalidArgument(f"input {info.name!r} takes images: send encoded images as a DT_STRING tensor of shape "
+                              f"[N] (one image per row), not {list(encoded.shape)}")
+    images = [decode_image(item, info, target.config) for item in encoded]
+    if len(images) == 1:  # the usual request: one image; a view, not a copy of its pixels
+        return images[0][np.newaxis]
+    return np.stack(images) if images else np.zeros((0, *info.shape[1:]), dtype=info.dtype)  # type: ignore[misc]
+
+
+def output_names(output_filter: Any, signature: SignatureInfo) -> list[str]:
+    """The outputs a PredictRequest asks for (empty: all), each a signature output, none twice (TF Serving's rule)."""
+    wanted = list(output_filter)
+    for name in wanted:
+        if name not in signature.outputs:
+            raise InvalidArgument(f"output_filter names {name!r}; signature {signature.name!r} gives "
+                                  f"{sorted(signature.outputs)}")
+    if len(set(wanted)) != len(wanted):
+        raise InvalidArgument(f"output_filter names an output twice: {wanted}")
+    return wanted
 
 
 def fill_spec(spec: Any, target: ModelVersion, signature_name: str) -> None:
@@ -76,6 +105,39 @@ def signature_def(signature: SignatureInfo, proto: Any) -> None:
     proto.method_name = METHOD_NAMES[signature.method]
 
 
+def serialized_examples(given: Any, signature: SignatureInfo, method: str) -> np.ndarray:
+    """A Classify/Regress request's `input` as serialized tf.Examples (context features merged), for a `method` signature."""
+    if signature.method != method:
+        raise InvalidArgument(f"signature {signature.name!r} is a {signature.method} signature, not {method}; "
+                              f"call {signature.method.capitalize()} or pick another signature_name")
+    if list(signature.inputs) != ["inputs"] or signature.inputs["inputs"].dtype != "string":
+        raise InvalidArgument(f"signature {signature.name!r} does not take serialized tf.Examples")
+    kind = given.WhichOneof("kind")
+    if kind == "example_list":
+        examples = [e.SerializeToString() for e in given.example_list.examples]
+    elif kind == "example_list_with_context":
+        # NOTE: TF Serving's own merge: the context's bytes, then the example's; protobuf parses the
+        # concatenation as one message, in which an example's feature replaces the context's.
+        with_context = given.example_list_with_context
+        context_bytes = with_context.context.SerializeToString()
+        examples = [context_bytes + e.SerializeToString() for e in with_context.examples]
+    else:
+        raise InvalidArgument("input has no examples: set example_list or example_list_with_context")
+    if not examples:
+        raise InvalidArgument("input holds no examples")
+    serialized = np.empty(len(examples), dtype=object)
+    serialized[:] = examples
+    return serialized
+
+
+def regression_values(outputs: dict[str, np.ndarray], rows: int) -> list[float]:
+    """A regress signature's one value per example, or InvalidArgument."""
+    values = outputs.get("outputs")
+    if values is None or np.asarray(values).size != rows:
+        raise InvalidArgument("regression signature must give one 'outputs' value per example")
+    return np.asarray(values).reshape(rows).tolist()
+
+
 class PredictionService:
     """Predict, Classify, Regress and GetModelMetadata; MultiInference is not offered."""
 
@@ -84,6 +146,7 @@ class PredictionService:
         self.apis = messages.tfserving()
 
     def Predict(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """TF Serving's Predict; a model with a handler is called without it (tensors in, tensors out, as V2)."""
         response = self.apis.predict_pb2.PredictResponse()
 
         def work() -> tuple[Any, ModelVersion]:
@@ -91,14 +154,12 @@ class PredictionService:
             instrument.set_version(target.version)
             started = time.perf_counter()
             signature = target.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
+            wanted = output_names(request.output_filter, signature)
             inputs = decode_inputs(request.inputs, signature, target)
             _, outputs = predict(target, signature.name, inputs, started, timeout_for(context, target))
             started = time.perf_counter()
-            wanted = list(request.output_filter) or list(outputs)
-            for name in wanted:
-                if name not in outputs:
-                    raise InvalidArgument(f"output_filter names {name!r}; the signature gives {sorted(outputs)}")
-                tensor_proto.from_array(outputs[name], response.outputs[name])
+            for name in wanted or outputs:
+                tensor_proto.from_array(outputs[name], response.outputs[name], name)
             fill_spec(response.model_spec, target, signature.name)
             instrument.stage("encode", time.perf_counter() - started)
             return response, target
@@ -111,32 +172,11 @@ class PredictionService:
         """Serialized tf.Examples of a Classify/Regress request (context features merged), run on its signature."""
         started = time.perf_counter()
         signature = target.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
-        if signature.method != method:
-            raise InvalidArgument(f"signature {signature.name!r} is a {signature.method} signature, not {method}; "
-                                  f"call {signature.method.capitalize()} or pick another signature_name")
-        if list(signature.inputs) != ["inputs"] or signature.inputs["inputs"].dtype != "string":
-            raise InvalidArgument(f"signature {signature.name!r} does not take serialized tf.Examples")
-        kind = request.input.WhichOneof("kind")
-        if kind == "example_list":
-            examples = list(request.input.example_list.examples)
-        elif kind == "example_list_with_context":
-            with_context = request.input.example_list_with_context
-            examples = []
-            for example in with_context.examples:
-                merged = type(example)()
-                merged.CopyFrom(with_context.context)
-                merged.MergeFrom(example)
-                examples.append(merged)
-        else:
-            raise InvalidArgument("input has no examples: set example_list or example_list_with_context")
-        if not examples:
-            raise InvalidArgument("input holds no examples")
-        serialized = np.empty(len(examples), dtype=object)
-        serialized[:] = [e.SerializeToString() for e in examples]
+        serialized = serialized_examples(request.input, signature, method)
         instrument.stage("decode", time.perf_counter() - started)
-        outputs = infer(target, signature.name, {"inputs": serialized}, len(examples), signature.batchable,
+        outputs = infer(target, signature.name, {"inputs": serialized}, len(serialized), signature.batchable,
                         timeout_for(context, target))
-        return signature, outputs, len(examples)
+        return signature, outputs, len(serialized)
 
     def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self.apis.classification_pb2.ClassificationResponse()
@@ -170,10 +210,7 @@ class PredictionService:
             target = resolve(self.calls, request.model_spec)
             instrument.set_version(target.version)
             signature, outputs, rows = self._examples(request, target, "regress", context)
-            values = outputs.get("outputs")
-            if values is None or np.asarray(values).size != rows:
-                raise InvalidArgument("regression signature must give one 'outputs' value per example")
-            for value in np.asarray(values).reshape(rows).tolist():
+            for value in regression_values(outputs, rows):
                 response.result.regressions.add().value = value
             fill_spec(response.model_spec, target, signature.name)
             return response, target
@@ -192,8 +229,11 @@ class PredictionService:
 
         def work() -> tuple[Any, ModelVersion]:
             fields = list(request.metadata_field)
-            if fields != ["signature_def"]:
-                raise InvalidArgument(f"metadata_field must be ['signature_def'], got {fields}")
+            if not fields:
+                raise InvalidArgument("GetModelMetadataRequest must specify at least one metadata_field: 'signature_def'")
+            for field in fields:
+                if field != "signature_def":
+                    raise InvalidArgument(f"metadata field {field!r} is not supported; the one field is 'signature_def'")
             target = resolve(self.calls, request.model_spec)
             signature_map = self.apis.get_model_metadata_pb2.SignatureDefMap()
             for name, signature in sorted(target.servable.signatures.items()):
@@ -221,8 +261,9 @@ class ModelService:
             if not spec.name:
                 raise InvalidArgument("model_spec.name is empty")
             model = self.calls.registry.get(spec.name)
-            version = spec.version.value if spec.HasField("version") else None
-            if spec.version_label:
+            choice = spec.WhichOneof("version_choice")
+            version = spec.version.value if choice == "version" else None
+            if choice == "version_label":
                 version = model.resolve(None, spec.version_label).version
             statuses = self.calls.registry.statuses(spec.name)
             if version is not None:
@@ -235,7 +276,7 @@ class ModelService:
                 entry = response.model_version_status.add()
                 entry.version = int(status["version"])
                 entry.state = STATES.get(status["state"], 0)
-                entry.status.error_code = 0 if status["status"]["error_code"] == "OK" else 2  # tensorflow.error.UNKNOWN
+                entry.status.error_code = ERROR_CODES.get(status["status"]["error_code"], ERROR_CODES["UNKNOWN"])
                 entry.status.error_message = status["status"]["error_message"]
             return response, None
 

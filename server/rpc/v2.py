@@ -31,11 +31,15 @@ class InferenceService:
         return self.calls.registry.get(name).resolve(number)
 
     def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.messages.ServerLiveResponse(live=True)
+        return self.calls.run(context, f"/{SERVICE}/ServerLive",
+                              lambda: (self.messages.ServerLiveResponse(live=True), None), self.messages.ServerLiveResponse())
 
     def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
-        ready, _ = self.calls.registry.readiness()
-        return self.messages.ServerReadyResponse(ready=ready)
+        def work() -> tuple[Any, None]:
+            ready, _ = self.calls.registry.readiness()
+            return self.messages.ServerReadyResponse(ready=ready), None
+
+        return self.calls.run(context, f"/{SERVICE}/ServerReady", work, self.messages.ServerReadyResponse())
 
     def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
         def work() -> tuple[Any, ModelVersion | None]:
@@ -50,7 +54,8 @@ class InferenceService:
         return self.calls.run(context, f"/{SERVICE}/ModelReady", work, self.messages.ModelReadyResponse())
 
     def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.messages.ServerMetadataResponse(name="forkserve", version=SERVER_VERSION, extensions=[])
+        response = self.messages.ServerMetadataResponse(name="forkserve", version=SERVER_VERSION, extensions=[])
+        return self.calls.run(context, f"/{SERVICE}/ServerMetadata", lambda: (response, None), response)
 
     def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         def work() -> tuple[Any, ModelVersion]:
@@ -97,15 +102,21 @@ class InferenceService:
                     raise InvalidArgument(f"unknown output {name!r}; the model gives {sorted(signature.outputs)}")
             _, outputs = predict(target, signature.name, inputs, started, timeout_for(context, target))
             started = time.perf_counter()
-            as_raw = bool(raw) or (parameters["binary_data_output"].bool_param if "binary_data_output" in parameters
-                                   else False)
             response.model_name = target.name
             response.model_version = str(target.version)
             response.id = request.id
+            answered = []
             for name in wanted or list(outputs):
                 array = outputs[name]
                 info = signature.outputs.get(name)
                 datatype = v2_datatype(info.dtype if info else ("string" if array.dtype == object else array.dtype.name))
+                answered.append((name, datatype, array))
+            # NOTE: raw outputs when the inputs came raw (as MLServer answers), when asked, and when one output's
+            # datatype has no typed field (FP16): the protocol forbids mixing contents and raw_output_contents.
+            as_raw = (bool(raw) or (parameters["binary_data_output"].bool_param if "binary_data_output" in parameters
+                                    else False)
+                      or not all(v2_tensors.has_contents_field(datatype) for _, datatype, _ in answered))
+            for name, datatype, array in answered:
                 tensor = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
                 if as_raw:
                     response.raw_output_contents.append(v2_tensors.raw_bytes(array))

@@ -26,6 +26,7 @@ from server.target import (
     read_target,
 )
 from server.telemetry import metrics
+from server.worker import warmup_records
 from server.worker.executor import ModelExecutor
 from server.worker.handlers import (
     Handler,
@@ -270,6 +271,7 @@ class ModelRegistry:
             servable = runtime.load_servable(entry.source)
             handler = self._load_handler(entry)
             calls = servable.warm_up(entry.config.batch_buckets)
+            records = warmup_records.replay(entry.source, entry.config, servable)
             if handler is not None:
                 check_signature(handler, servable.signatures)
                 check_example(handler, servable.signatures, entry.config, servable.run)
@@ -301,9 +303,10 @@ class ModelRegistry:
         metrics.record(lambda: metrics.MODEL_WORKERS_LOADING.labels(*labels).dec())
         metrics.record(lambda: metrics.MODEL_WORKERS_READY.labels(*labels).set(1))
         metrics.record(lambda: metrics.MODEL_LOAD_SECONDS.labels(entry.name).observe(entry.load_seconds))
+        replayed = "" if records is None else f", {records} warm-up records replayed"
         log.info(
-            "model %s version %s (%s) loaded and warmed (%d calls) in %.2fs",
-            entry.name, entry.version, entry.source.format, calls, entry.load_seconds,
+            "model %s version %s (%s) loaded and warmed (%d calls%s) in %.2fs",
+            entry.name, entry.version, entry.source.format, calls, replayed, entry.load_seconds,
         )
         for signature, why in getattr(servable, "unwarmed", {}).items():
             log.info("model %s version %s: signature %s not warmed (%s); its first requests trace it",

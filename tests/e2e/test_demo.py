@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -40,6 +41,16 @@ def test_demo_is_ready_and_answers_the_readme_request(demo: Server) -> None:
     assert handled["digit"] == 3 and handled["probability"] > 0.99
     predictions = plain["predictions"][0]
     assert max(range(10), key=lambda i: predictions[i]) == 3
+
+
+def test_the_grpc_example_answers_over_tf_serving_s_client(demo: Server) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "predict_digit_grpc.py"), "--target", demo.grpc_target],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    readme = (ROOT / "README.md").read_text().splitlines()
+    assert result.stdout.strip() == "digit 3 probability 0.99999976 (version 1)"
+    assert result.stdout.strip() in readme
 
 
 def test_readme_shows_the_real_answers(demo: Server) -> None:

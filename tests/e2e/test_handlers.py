@@ -172,7 +172,7 @@ def test_requests_through_a_handler_are_batched_and_answer_as_in_process(handled
     assert rows_run == len(rows)
     assert calls < len(rows), (calls, rows_run)  # some calls carried several requests: batches > 1
     for stage in ("preprocess", "postprocess", "queue", "compute"):
-        assert value(after, "forkserve_request_stage_duration_seconds_count", model="scored", stage=stage) >= len(rows)
+        assert value(after, "forkserve_request_stage_duration_seconds_count", model="scored", stage=stage, protocol="rest") >= len(rows)
 
 
 def test_a_value_error_is_a_400_with_its_message_and_a_bug_a_500_with_the_request_id(handled: Server) -> None:

@@ -9,8 +9,10 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.settings import Settings
 from tests.e2e.harness import ROOT, Server
@@ -57,7 +59,7 @@ def test_the_validator_refuses_a_broken_manifest() -> None:
     import kubernetes_validate
 
     deployment = yaml.safe_load(yaml.safe_dump(by_kind("base")["Deployment"]))
-    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["prot"] = 8000
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]["prot"] = 8000
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
 
@@ -69,14 +71,9 @@ def test_probes_ports_and_drain_match_the_server(server: Server) -> None:
     container = pod["spec"]["containers"][0]
     port = container["ports"][0]
     assert dockerfile_env()["FORKSERVE_BIND"].endswith(f":{port['containerPort']}")
-    readiness, liveness = container["readinessProbe"]["httpGet"], container["livenessProbe"]["httpGet"]
-    assert readiness["port"] == liveness["port"] == port["name"] == service["spec"]["ports"][0]["targetPort"]
-    # The paths answer as the probes need: liveness 200; readiness 200 while the healthy models serve,
-    # naming the models that failed (the shared test repository holds broken ones on purpose).
-    assert server.get(liveness["path"]).status_code == 200
-    verdict = server.get(readiness["path"])
-    assert verdict.status_code == 200 and verdict.json()["status"] == "ready"
-    assert "1" in verdict.json()["models"]["corrupt"]["failed"] and verdict.json()["models"]["mlp"]["serving"] == [1]
+    liveness = container["livenessProbe"]["httpGet"]
+    assert liveness["port"] == port["name"] == service["spec"]["ports"][0]["targetPort"]
+    assert server.get(liveness["path"]).status_code == 200  # the readiness probe is gRPC: the next test
     startup = container["startupProbe"]
     assert startup["httpGet"]["path"] == "/healthz"
     assert startup["periodSeconds"] * startup["failureThreshold"] >= Settings.from_env().boot_timeout
@@ -89,6 +86,46 @@ def test_probes_ports_and_drain_match_the_server(server: Server) -> None:
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector == service["spec"]["selector"] == docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]
     assert selector.items() <= pod["metadata"]["labels"].items()
+
+
+def test_the_grpc_port_and_its_readiness_probe_match_the_server_and_the_image(server: Server) -> None:
+    docs = by_kind("base")
+    container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    env = dockerfile_env()
+    assert env["FORKSERVE_BIND"].endswith(f":{ports['http']}") and env["FORKSERVE_GRPC_BIND"] == f"0.0.0.0:{ports['grpc']}"
+    exposed = re.search(r"^EXPOSE (.+)$", (ROOT / "Dockerfile").read_text(), re.M)[1].split()
+    assert sorted(map(int, exposed)) == sorted(ports.values()) == [8000, 8500]
+    grpc_service = next(p for p in docs["Service"]["spec"]["ports"] if p["name"] == "grpc")
+    assert grpc_service["targetPort"] == "grpc" and grpc_service["appProtocol"] == "grpc"
+    # The kubelet's native probe takes a port number (no names) and, without `service`, asks about "".
+    readiness = container["readinessProbe"]
+    assert "httpGet" not in readiness and readiness["grpc"] == {"port": ports["grpc"]}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # What the kubelet asks the real server: SERVING, as /readyz says 200 (while the healthy models serve,
+    # naming the ones that failed: the shared test repository holds broken ones on purpose).
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    verdict = server.get("/readyz")
+    assert verdict.status_code == 200 and verdict.json()["status"] == "ready"
+    assert "1" in verdict.json()["models"]["corrupt"]["failed"] and verdict.json()["models"]["mlp"]["serving"] == [1]
+
+
+def test_the_tcp_migrate_req_sysctl_has_its_marked_place_and_is_valid_once_uncommented() -> None:
+    """Commented out (an unsafe sysctl the kubelet must allow first); uncommented, the pod is still valid."""
+    import kubernetes_validate
+
+    text = (K8S / "base" / "deployment.yaml").read_text()
+    assert "allowed-unsafe-sysctls=net.ipv4.tcp_migrate_req" in text
+    enabled = text.replace("        # sysctls:\n        #   - {name: net.ipv4.tcp_migrate_req, value: \"1\"}",
+                           "        sysctls:\n          - {name: net.ipv4.tcp_migrate_req, value: \"1\"}")
+    assert enabled != text
+    context = yaml.safe_load(enabled)["spec"]["template"]["spec"]["securityContext"]
+    assert context["sysctls"] == [{"name": "net.ipv4.tcp_migrate_req", "value": "1"}]
+    deployment = yaml.safe_load(yaml.safe_dump(by_kind("base")["Deployment"]))
+    deployment["spec"]["template"]["spec"]["securityContext"] = context
+    kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
 
 
 def test_the_pod_runs_as_the_image_s_user_on_a_read_only_root_with_its_writable_paths_mounted() -> None:

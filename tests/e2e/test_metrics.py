@@ -105,7 +105,7 @@ def test_counts_from_both_workers_sum_exactly(metrics_server: Server) -> None:
 
     with ThreadPoolExecutor(16) as pool:
         assert set(pool.map(send, range(sent))) == {200}
-    labels = {"model": "half_plus_two", "version": "123", "api": "tfserving_predict", "code": "200"}
+    labels = {"model": "half_plus_two", "version": "123", "api": "tfserving_predict", "code": "200", "protocol": "rest"}
 
     def counted(scrape: dict) -> float:
         return value(scrape, "forkserve_requests_total", **labels) - value(before, "forkserve_requests_total", **labels)
@@ -151,8 +151,8 @@ def test_requests_refused_at_url_validation_are_counted(metrics_server: Server) 
     }
 
     def counted(scrape: dict) -> dict:
-        return {key: value(scrape, "forkserve_requests_total", model="_unknown", version="", api=key[0], code=key[1])
-                - value(before, "forkserve_requests_total", model="_unknown", version="", api=key[0], code=key[1])
+        return {key: value(scrape, "forkserve_requests_total", model="_unknown", version="", api=key[0], code=key[1], protocol="rest")
+                - value(before, "forkserve_requests_total", model="_unknown", version="", api=key[0], code=key[1], protocol="rest")
                 for key in expected}
 
     after = settled_samples(metrics_server, lambda scrape: counted(scrape) == expected, "refused requests counted")
@@ -180,7 +180,7 @@ def test_retraces_stay_zero_after_mixed_batch_sizes(metrics_server: Server) -> N
         assert set(pool.map(send, sizes)) == {200}
     scrape = settled_samples(
         metrics_server,
-        lambda scrape: value(scrape, "forkserve_request_stage_duration_seconds_count", model="mlp", stage="encode") >= len(sizes),
+        lambda scrape: value(scrape, "forkserve_request_stage_duration_seconds_count", model="mlp", stage="encode", protocol="rest") >= len(sizes),
         "the requests' stage times",
     )
     assert ("forkserve_model_retraces_total", frozenset({("model", "mlp")})) in scrape
@@ -191,7 +191,7 @@ def test_retraces_stay_zero_after_mixed_batch_sizes(metrics_server: Server) -> N
         scrape, "forkserve_batch_size_rows_count", model="mlp"
     )
     for stage in ("decode", "queue", "compute", "encode"):
-        assert value(scrape, "forkserve_request_stage_duration_seconds_count", model="mlp", stage=stage) >= len(sizes)
+        assert value(scrape, "forkserve_request_stage_duration_seconds_count", model="mlp", stage=stage, protocol="rest") >= len(sizes)
 
 
 def test_error_is_logged_once_with_the_request_id_returned_to_the_client(metrics_server: Server) -> None:

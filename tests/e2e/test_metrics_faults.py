@@ -26,7 +26,7 @@ def test_missing_metrics_directory_leaves_serving_intact(model_repo: Path, tmp_p
         assert server.get("/readyz").status_code == 200
         scrape = server.get("/metrics")
         assert scrape.status_code == 200
-        assert 'forkserve_requests_total{api="tfserving_predict",code="200",model="mlp",version="1"} 3.0' in scrape.text
+        assert 'forkserve_requests_total{api="tfserving_predict",code="200",model="mlp",protocol="rest",version="1"} 3.0' in scrape.text
         assert server.process.poll() is None
     finally:
         server.stop()

@@ -24,12 +24,12 @@ def light_server(tmp_path: Path) -> Server:
 
 def test_restarts_keep_counts_and_a_bounded_number_of_files(light_server: Server) -> None:
     sent = 0
-    labels = {"model": "_unknown", "version": "", "api": "tfserving_predict", "code": "404"}
+    labels = {"model": "_unknown", "version": "", "api": "tfserving_predict", "code": "404", "protocol": "rest"}
 
     def counted(scrape: dict) -> tuple[float, float]:
         return (
             value(scrape, "forkserve_requests_total", **labels),
-            value(scrape, "forkserve_request_duration_seconds_count", model="_unknown", api="tfserving_predict"),
+            value(scrape, "forkserve_request_duration_seconds_count", model="_unknown", api="tfserving_predict", protocol="rest"),
         )
 
     for round_number in range(RESTARTS):
@@ -41,7 +41,7 @@ def test_restarts_keep_counts_and_a_bounded_number_of_files(light_server: Server
         light_server.restart_worker(signal.SIGKILL if round_number % 3 == 0 else signal.SIGTERM)
     scrape = samples(light_server)
     assert value(scrape, "forkserve_requests_total", **labels) == sent
-    assert value(scrape, "forkserve_request_duration_seconds_count", model="_unknown", api="tfserving_predict") == sent
+    assert value(scrape, "forkserve_request_duration_seconds_count", model="_unknown", api="tfserving_predict", protocol="rest") == sent
     assert value(scrape, "forkserve_worker_boots_total") == 2 + RESTARTS
     assert value(scrape, "forkserve_worker_exits_total", reason="killed") == len(range(0, RESTARTS, 3))
     assert value(scrape, "forkserve_worker_exits_total", reason="graceful") == RESTARTS - len(range(0, RESTARTS, 3))

@@ -1,0 +1,465 @@
+"""TF Serving's gRPC API with its unmodified client (tensorflow-serving-api) against REST's answers, on a real 2-worker server."""
+
+from __future__ import annotations
+
+import base64
+import io
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from google.protobuf import json_format
+from PIL import Image
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    inference_pb2,
+    model_management_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+
+from tests.e2e.conftest import CONF, KERAS2, MAX_BODY_BYTES, REPO_ROOT, copy_models
+from tests.e2e.harness import Server
+from tests.e2e.test_metrics import samples, settled_samples, value
+
+# The demo model with its handler (version 2) beside the plain one (version 1), as conf/models.toml serves it.
+HANDLED_CONF = """
+[models.handled]
+version_policy = "all"
+handler = true
+image_mode = "L"
+image_resize = "box"
+image_scale = "unit"
+"""
+SHARED = ("half_plus_two", "half_plus_two_tf2", "cnn_h5", "mlp", "k3cnn", "digits", "fallback", "slow")
+STATES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
+
+
+def write_three_output_model(directory: Path) -> None:
+    """A SavedModel of three outputs, one complex64: a dtype forkserve cannot send (a server-side failure)."""
+
+    class Heads(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"double": 2 * x, "plus_one": x + 1, "complex": tf.complex(x, x)}
+
+    module = Heads()
+    tf.saved_model.save(module, str(directory / "1"), signatures={"serving_default": module.serve})
+
+
+@pytest.fixture(scope="module")
+def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """2 workers over the shared models, the demo with its handler and a model of three outputs."""
+    repo = copy_models(model_repo, tmp_path_factory.mktemp("grpc-models"), *SHARED)
+    shutil.copytree(REPO_ROOT / "models" / "digits", repo / "handled")
+    write_three_output_model(repo / "heads")
+    run_dir = tmp_path_factory.mktemp("grpc-run")
+    conf = run_dir / "models.toml"
+    conf.write_text(CONF + HANDLED_CONF)
+    server = Server(models_dir=repo, run_dir=run_dir, conf_path=conf, workers=2,
+                    env={"FORKSERVE_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def channel(served: Server) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(served.grpc_target) as opened:  # the client's default channel settings
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def predictions(channel: grpc.Channel) -> prediction_service_pb2_grpc.PredictionServiceStub:
+    return prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def models(channel: grpc.Channel) -> model_service_pb2_grpc.ModelServiceStub:
+    return model_service_pb2_grpc.ModelServiceStub(channel)
+
+
+def spec(message: Any, name: str, version: int | None = None, label: str | None = None, signature: str = "") -> Any:
+    """Fill a request's model_spec."""
+    message.model_spec.name = name
+    if version is not None:
+        message.model_spec.version.value = version
+    if label is not None:
+        message.model_spec.version_label = label
+    if signature:
+        message.model_spec.signature_name = signature
+    return message
+
+
+def predict_request(name: str, inputs: dict[str, Any], output_filter: tuple[str, ...] = (), **address: Any
+                    ) -> predict_pb2.PredictRequest:
+    """A PredictRequest as TF Serving's docs build one: tf.make_tensor_proto per input."""
+    request = spec(predict_pb2.PredictRequest(), name, **address)
+    for key, array in inputs.items():
+        request.inputs[key].CopyFrom(array if isinstance(array, type(request.inputs[key])) else tf.make_tensor_proto(array))
+    request.output_filter.extend(output_filter)
+    return request
+
+
+def outputs_of(response: predict_pb2.PredictResponse) -> dict[str, np.ndarray]:
+    return {key: tf.make_ndarray(tensor) for key, tensor in response.outputs.items()}
+
+
+def refused(call: Callable[..., Any], request: Any, **kwargs: Any) -> grpc.RpcError:
+    """The error a call ends with (it must fail)."""
+    with pytest.raises(grpc.RpcError) as failed:
+        call(request, **kwargs)
+    return failed.value
+
+
+def rest_error(served: Server, path: str, body: Any) -> tuple[int, str]:
+    """REST's status and message for the same request."""
+    response = served.post(path, json=body) if body is not None else served.get(path)
+    return response.status_code, response.json()["error"]
+
+
+def rest_metadata(served: Server, name: str) -> dict[str, Any]:
+    response = served.get(f"/v1/models/{name}/metadata")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def example_input(served: Server, name: str, rows: int = 3) -> dict[str, np.ndarray]:
+    """Seeded inputs of the serving signature's shapes (free dimensions get `rows`)."""
+    rng = np.random.default_rng(11)
+    signature = rest_metadata(served, name)["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    inputs = {}
+    for key, info in signature["inputs"].items():
+        assert info["dtype"] == "DT_FLOAT", (name, info)
+        shape = [rows if int(d["size"]) < 0 else int(d["size"]) for d in info["tensor_shape"]["dim"]]
+        inputs[key] = rng.random(shape, dtype=np.float32)
+    return inputs
+
+
+def encoded(image: Image.Image, fmt: str, **options: Any) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name", ["half_plus_two", "half_plus_two_tf2", "cnn_h5", "mlp", "k3cnn", "digits"])
+def test_predict_gives_the_numbers_rest_gives(served: Server, predictions: Any, name: str) -> None:
+    inputs = example_input(served, name)
+    if name == "cnn_h5":
+        inputs = {key: np.load(KERAS2 / "reference.npz")["cnn_x"].astype(np.float32) for key in inputs}
+    rest = served.post(f"/v1/models/{name}:predict", json={"inputs": {k: v.tolist() for k, v in inputs.items()}})
+    assert rest.status_code == 200, rest.text
+    response, call = predictions.Predict.with_call(predict_request(name, inputs))
+    got = outputs_of(response)
+    expected = rest.json()["outputs"]
+    if len(got) == 1:
+        expected = {next(iter(got)): expected}
+    assert set(got) == set(expected)
+    for key, array in got.items():
+        assert array.dtype == np.float32
+        np.testing.assert_allclose(array, np.array(expected[key], dtype=np.float32), rtol=1e-6, atol=1e-7)
+    version = int(rest.headers["X-Model-Version"])
+    assert (response.model_spec.name, response.model_spec.version.value) == (name, version)
+    assert response.model_spec.signature_name == "serving_default"
+    assert dict(call.trailing_metadata())["x-model-version"] == str(version)
+    if name == "cnn_h5":
+        np.testing.assert_allclose(got[next(iter(got))], np.load(KERAS2 / "reference.npz")["cnn_y"], atol=1e-5)
+
+
+def test_documented_half_plus_two_example(predictions: Any) -> None:
+    response = predictions.Predict(predict_request("half_plus_two", {"x": np.array([[1.0], [2.0], [5.0]], np.float32)}),
+                                   timeout=30)
+    np.testing.assert_array_equal(outputs_of(response)["y"], [[2.5], [3.0], [4.5]])
+    assert response.model_spec.version.value == 123
+
+
+def test_version_label_and_signature_behave_as_rest(served: Server, predictions: Any) -> None:
+    features = np.random.default_rng(2).random((2, 20), dtype=np.float32)
+    by_label = outputs_of(predictions.Predict(predict_request("mlp", {"features": features}, label="stable")))
+    by_version = predictions.Predict(predict_request("mlp", {"features": features}, version=1))
+    np.testing.assert_array_equal(by_label["logits"], outputs_of(by_version)["logits"])
+    assert by_version.model_spec.version.value == 1
+    x = np.array([[1.0], [2.0]], np.float32)
+    other = predictions.Predict(predict_request("half_plus_two", {"inputs": x}, signature="regress_x2_to_y3"))
+    rest = served.post("/v1/models/half_plus_two:predict", json={"signature_name": "regress_x2_to_y3", "instances": [[1.0], [2.0]]})
+    (y3,) = outputs_of(other).values()
+    np.testing.assert_array_equal(y3, rest.json()["predictions"])
+    assert other.model_spec.signature_name == "regress_x2_to_y3"
+    cases = [
+        (predict_request("mlp", {"features": features}, label="canary"), "/v1/models/mlp/labels/canary:predict", {}),
+        (predict_request("half_plus_two", {"x": x}, version=7), "/v1/models/half_plus_two/versions/7:predict", {}),
+        (predict_request("nope", {"x": x}), "/v1/models/nope:predict", {}),
+        (predict_request("half_plus_two", {"x": x}, signature="nope"), "/v1/models/half_plus_two:predict",
+         {"signature_name": "nope"}),
+    ]
+    for request, path, extra in cases:
+        error = refused(predictions.Predict, request)
+        status, message = rest_error(served, path, {"instances": [[1.0]], **extra})
+        assert (error.code(), status) == (grpc.StatusCode.NOT_FOUND, 404), path
+        assert error.details() == message
+
+
+def test_output_filter_picks_outputs(predictions: Any) -> None:
+    x = np.array([1.0, 2.0], np.float32)
+    both = predictions.Predict(predict_request("heads", {"x": x}, ("plus_one", "double")))
+    assert sorted(both.outputs) == ["double", "plus_one"]
+    np.testing.assert_array_equal(outputs_of(both)["double"], [2.0, 4.0])
+    only = predictions.Predict(predict_request("heads", {"x": x}, ("plus_one",)))
+    assert list(only.outputs) == ["plus_one"] and tf.make_ndarray(only.outputs["plus_one"]).tolist() == [2.0, 3.0]
+    for wanted, says in ((("double", "nope"), "output_filter names 'nope'; signature 'serving_default' gives"),
+                         (("double", "double"), "names an output twice")):
+        error = refused(predictions.Predict, predict_request("heads", {"x": x}, wanted))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and says in error.details(), error.details()
+
+
+def test_request_ids_travel_in_metadata(predictions: Any) -> None:
+    request = predict_request("half_plus_two", {"x": np.ones((1, 1), np.float32)})
+    _, call = predictions.Predict.with_call(request, metadata=(("x-request-id", "client-abc.1"),))
+    assert dict(call.trailing_metadata()) == {"x-request-id": "client-abc.1", "x-model-version": "123"}
+    _, call = predictions.Predict.with_call(request)
+    assert len(dict(call.trailing_metadata())["x-request-id"]) >= 16
+    error = refused(predictions.Predict, predict_request("nope", {"x": np.ones((1, 1), np.float32)}),
+                    metadata=(("x-request-id", "client-abc.2"),))
+    assert dict(error.trailing_metadata())["x-request-id"] == "client-abc.2"
+
+
+def tf_example(**features: float) -> tf.train.Example:
+    return tf.train.Example(features=tf.train.Features(feature={
+        key: tf.train.Feature(float_list=tf.train.FloatList(value=[value])) for key, value in features.items()}))
+
+
+def test_classify_and_regress_give_rest_answers(served: Server, predictions: Any) -> None:
+    request = spec(classification_pb2.ClassificationRequest(), "half_plus_two", signature="classify_x_to_y")
+    request.input.example_list.examples.extend([tf_example(x=1.0), tf_example(x=2.0)])
+    response = predictions.Classify(request)
+    rest = served.post("/v1/models/half_plus_two:classify",
+                       json={"signature_name": "classify_x_to_y", "examples": [{"x": 1.0}, {"x": 2.0}]}).json()
+    got = [[[c.label, c.score] for c in result.classes] for result in response.result.classifications]
+    assert got == rest["results"] == [[["", 2.5]], [["", 3.0]]]
+    assert (response.model_spec.version.value, response.model_spec.signature_name) == (123, "classify_x_to_y")
+
+    request = spec(regression_pb2.RegressionRequest(), "half_plus_two", signature="regress_x_to_y")
+    request.input.example_list.examples.extend([tf_example(x=1.0), tf_example(x=2.0)])
+    rest = served.post("/v1/models/half_plus_two:regress",
+                       json={"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}, {"x": 2.0}]}).json()
+    assert [r.value for r in predictions.Regress(request).result.regressions] == rest["results"] == [2.5, 3.0]
+
+    request = spec(regression_pb2.RegressionRequest(), "half_plus_two", signature="regress_x_to_y")
+    request.input.example_list_with_context.context.CopyFrom(tf_example(x=5.0))
+    request.input.example_list_with_context.examples.extend([tf.train.Example(), tf_example(x=1.0)])
+    rest = served.post("/v1/models/half_plus_two:regress", json={
+        "signature_name": "regress_x_to_y", "context": {"x": 5.0}, "examples": [{}, {"x": 1.0}]}).json()
+    assert [r.value for r in predictions.Regress(request).result.regressions] == rest["results"] == [4.5, 2.5]
+
+
+def test_classify_on_a_predict_signature_and_without_examples_is_invalid(predictions: Any) -> None:
+    request = spec(classification_pb2.ClassificationRequest(), "half_plus_two")
+    request.input.example_list.examples.append(tf_example(x=1.0))
+    error = refused(predictions.Classify, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "is a predict signature, not classify" in error.details()
+    error = refused(predictions.Regress, spec(regression_pb2.RegressionRequest(), "half_plus_two", signature="regress_x_to_y"))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "no examples" in error.details()
+
+
+@pytest.mark.parametrize("name", ["half_plus_two", "mlp", "k3cnn", "cnn_h5"])
+def test_metadata_matches_rest(served: Server, predictions: Any, name: str) -> None:
+    request = spec(get_model_metadata_pb2.GetModelMetadataRequest(), name)
+    request.metadata_field.append("signature_def")
+    response = predictions.GetModelMetadata(request)
+    rest = rest_metadata(served, name)
+    assert (response.model_spec.name, str(response.model_spec.version.value)) == (name, rest["model_spec"]["version"])
+    assert response.model_spec.signature_name == ""
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    assert response.metadata["signature_def"].Unpack(signature_map)
+    got = json_format.MessageToDict(signature_map)["signatureDef"]
+    expected = rest["metadata"]["signature_def"]["signature_def"]
+    assert set(got) == set(expected)
+    for key, signature in expected.items():
+        assert got[key]["methodName"] == signature["method_name"]
+        for kind in ("inputs", "outputs"):
+            assert set(got[key][kind]) == set(signature[kind])
+            for tensor, info in signature[kind].items():
+                mine = got[key][kind][tensor]
+                assert (mine["name"], mine["dtype"]) == (info["name"], info["dtype"])
+                assert [d["size"] for d in mine["tensorShape"].get("dim", [])] == [d["size"] for d in info["tensor_shape"]["dim"]]
+                assert mine["tensorShape"].get("unknownRank", False) == info["tensor_shape"]["unknown_rank"]
+
+
+def test_metadata_fields_other_than_signature_def_are_invalid(predictions: Any) -> None:
+    for fields in ([], ["signature_def", "nope"]):
+        request = spec(get_model_metadata_pb2.GetModelMetadataRequest(), "half_plus_two")
+        request.metadata_field.extend(fields)
+        assert refused(predictions.GetModelMetadata, request).code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize(("name", "version", "label"), [
+    ("half_plus_two", None, None), ("half_plus_two", 123, None), ("mlp", None, "stable"), ("fallback", None, None),
+    ("fallback", 2, None),
+])
+def test_model_status_matches_rest(served: Server, models: Any, name: str, version: int | None, label: str | None) -> None:
+    path = f"/v1/models/{name}" + (f"/versions/{version}" if version else "") + (f"/labels/{label}" if label else "")
+    rest = served.get(path).json()["model_version_status"]
+    response = models.GetModelStatus(spec(get_model_status_pb2.GetModelStatusRequest(), name, version, label))
+    got = [(s.version, s.state, s.status.error_code, s.status.error_message) for s in response.model_version_status]
+    codes = {"OK": 0, "UNKNOWN": 2}
+    assert got == [(int(s["version"]), STATES[s["state"]], codes[s["status"]["error_code"]], s["status"]["error_message"])
+                   for s in rest]
+    if name == "fallback":
+        assert any(state == STATES["END"] and message for _, state, _, message in got)
+
+
+def test_model_status_errors_match_rest(served: Server, models: Any) -> None:
+    for name, version, label, path in (("nope", None, None, "/v1/models/nope"),
+                                       ("half_plus_two", 7, None, "/v1/models/half_plus_two/versions/7"),
+                                       ("mlp", None, "canary", "/v1/models/mlp/labels/canary")):
+        error = refused(models.GetModelStatus, spec(get_model_status_pb2.GetModelStatusRequest(), name, version, label))
+        status, message = rest_error(served, path, None)
+        assert (error.code(), status, error.details()) == (grpc.StatusCode.NOT_FOUND, 404, message)
+
+
+def test_multi_inference_and_reload_config_are_unimplemented(predictions: Any, models: Any) -> None:
+    error = refused(predictions.MultiInference, inference_pb2.MultiInferenceRequest())
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    error = refused(models.HandleReloadConfigRequest, model_management_pb2.ReloadConfigRequest())
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED and "publish" in error.details()
+
+
+def test_invalid_inputs_answer_rests_messages(served: Server, predictions: Any) -> None:
+    rows = np.random.default_rng(5).random((2, 20), dtype=np.float32)
+    cases = [  # (gRPC inputs, REST columnar inputs or None when JSON cannot say it, what the message says)
+        ({"features": rows[:, :19]}, {"features": rows[:, :19].tolist()}, "has shape [2, 19]"),
+        ({"features": np.ones((1025, 20), np.float32)}, {"features": np.ones((1025, 20)).tolist()}, "limit is 1024"),
+        ({"features": rows.astype(np.float64)}, None, "input 'features' is DT_DOUBLE; signature 'serving_default' takes DT_FLOAT"),
+        ({"features": np.where(rows > 0.5, np.nan, rows).astype(np.float32)}, None, "NaN"),
+        ({"features": rows, "nope": rows}, None, "unknown input(s) ['nope']"),
+        ({}, None, "missing input(s) ['features']"),
+        ({"features": tf.make_tensor_proto(rows)}, None, None),  # the valid one, as a control
+    ]
+    for inputs, rest_inputs, says in cases:
+        request = predict_request("mlp", inputs)
+        if says is None:
+            assert predictions.Predict(request).outputs["logits"].tensor_shape.dim[0].size == 2
+            continue
+        error = refused(predictions.Predict, request)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and says in error.details(), error.details()
+        if rest_inputs is not None:
+            assert rest_error(served, "/v1/models/mlp:predict", {"inputs": rest_inputs}) == (400, error.details())
+    truncated = tf.make_tensor_proto(rows)
+    truncated.tensor_content = truncated.tensor_content[:-4]
+    error = refused(predictions.Predict, predict_request("mlp", {"features": truncated}))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "156 bytes of tensor_content" in error.details()
+
+
+def test_a_failed_version_is_failed_precondition(served: Server, predictions: Any) -> None:
+    error = refused(predictions.Predict, predict_request("fallback", {"features": np.ones((1, 20), np.float32)}, version=2))
+    status, message = rest_error(served, "/v1/models/fallback/versions/2:predict", {"instances": [[1.0] * 20]})
+    assert (error.code(), status, error.details()) == (grpc.StatusCode.FAILED_PRECONDITION, 503, message)
+
+
+def slow_request() -> predict_pb2.PredictRequest:
+    return predict_request("slow", {"image": np.random.default_rng(1).random((1, 192, 192, 3), dtype=np.float32)})
+
+
+def test_a_full_queue_is_resource_exhausted(predictions: Any) -> None:
+    request = slow_request()
+    calls = [predictions.Predict.future(request, timeout=60) for _ in range(8)]  # one channel: one worker's queue
+    codes = []
+    for call in calls:
+        try:
+            call.result()
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                assert "queue" in exc.details(), exc.details()
+    assert grpc.StatusCode.OK in codes and grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
+    assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+
+
+def test_the_clients_deadline_ends_the_call_and_counts_as_rest_does(served: Server, predictions: Any) -> None:
+    predictions.Predict(slow_request(), timeout=60)  # warm, so the deadline below cuts the call, not a first trace
+    before = value(samples(served), "forkserve_rejected_requests_total", model="slow", reason="deadline")
+    started = time.monotonic()
+    error = refused(predictions.Predict, slow_request(), timeout=0.05)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - started < 1.0
+    settled_samples(served, lambda scrape: value(scrape, "forkserve_rejected_requests_total", model="slow",
+                                                 reason="deadline") > before, "the deadline counted as rejected")
+
+
+def test_a_message_over_the_body_limit_is_resource_exhausted_and_the_server_keeps_serving(
+        served: Server, predictions: Any) -> None:
+    padding = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"p" * 1000]))
+
+    def padded_examples(count: int) -> regression_pb2.RegressionRequest:
+        request = spec(regression_pb2.RegressionRequest(), "half_plus_two", signature="regress_x_to_y")
+        for i in range(count):
+            example = tf_example(x=float(i))
+            example.features.feature["padding"].CopyFrom(padding)
+            request.input.example_list.examples.append(example)
+        return request
+
+    over, under = padded_examples(1100), padded_examples(1000)
+    assert over.ByteSize() > MAX_BODY_BYTES > under.ByteSize() > MAX_BODY_BYTES * 0.9
+    error = refused(predictions.Regress, over)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert [r.value for r in predictions.Regress(under).result.regressions][:3] == [2.0, 2.5, 3.0]
+    assert served.post("/v1/models/half_plus_two:predict", json={"instances": [1.0]}).json() == {"predictions": [2.5]}
+
+
+def test_a_server_side_failure_is_internal_with_the_request_id(predictions: Any) -> None:
+    error = refused(predictions.Predict, predict_request("heads", {"x": np.ones(2, np.float32)}),
+                    metadata=(("x-request-id", "rid-internal-1"),))
+    assert error.code() == grpc.StatusCode.INTERNAL
+    assert "output 'complex' is complex64" in error.details() and "(request id rid-internal-1)" in error.details()
+    assert dict(error.trailing_metadata())["x-request-id"] == "rid-internal-1"
+
+
+def test_a_handler_model_is_predicted_without_its_handler(served: Server, predictions: Any) -> None:
+    png = (REPO_ROOT / "models" / "digits" / "2" / "assets" / "example.png").read_bytes()
+    handled = served.post("/v1/models/handled:predict", json={"image": base64.b64encode(png).decode()})
+    assert handled.status_code == 200 and handled.headers["X-Model-Version"] == "2", handled.text
+    pixels = np.asarray(Image.open(io.BytesIO(png)).convert("L").resize((8, 8), Image.Resampling.BOX), np.float32) / 255
+    tensors = predictions.Predict(predict_request("handled", {"image": pixels[np.newaxis, :, :, np.newaxis]}))
+    assert tensors.model_spec.version.value == 2 and list(tensors.outputs) == ["probabilities"]
+    v2 = served.post("/v2/models/handled/versions/2/infer", json={"inputs": [
+        {"name": "image", "shape": [1, 8, 8, 1], "datatype": "FP32", "data": pixels.reshape(-1).tolist()}]}).json()
+    probabilities = outputs_of(tensors)["probabilities"]
+    np.testing.assert_allclose(probabilities.reshape(-1), v2["outputs"][0]["data"], rtol=1e-6)
+    assert int(probabilities.argmax()) == handled.json()["digit"]
+    from_png = outputs_of(predictions.Predict(predict_request("handled", {"image": np.array([png], dtype=object)})))
+    np.testing.assert_allclose(from_png["probabilities"][0].max(), handled.json()["probability"], rtol=1e-6)
+    # The handler's own request (base64 text of the image) is not an image to the model's input.
+    as_text = np.array([base64.b64encode(png)], dtype=object)
+    error = refused(predictions.Predict, predict_request("handled", {"image": as_text}))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "cannot decode image for input 'image'" in error.details()
+
+
+def test_encoded_images_as_strings_decode_as_rests_b64(served: Server, predictions: Any) -> None:
+    rng = np.random.default_rng(3)
+    image = Image.fromarray(rng.integers(0, 256, size=(40, 48, 3), dtype=np.uint8), "RGB")
+    for data in (encoded(image, "PNG"), encoded(image, "JPEG", quality=90)):
+        rest = served.post("/v1/models/k3cnn:predict", json={"instances": [{"b64": base64.b64encode(data).decode()}] * 2})
+        assert rest.status_code == 200, rest.text
+        got = outputs_of(predictions.Predict(predict_request("k3cnn", {"pixels": np.array([data, data], dtype=object)})))
+        np.testing.assert_allclose(got["scores"], rest.json()["predictions"], rtol=1e-6, atol=1e-7)
+    digit = (REPO_ROOT / "examples" / "digit.png").read_bytes()
+    rest = served.post("/v1/models/digits:predict", json={"instances": [{"b64": base64.b64encode(digit).decode()}]})
+    name = next(iter(rest_metadata(served, "digits")["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]))
+    got = outputs_of(predictions.Predict(predict_request("digits", {name: np.array([digit], dtype=object)})))
+    (output,) = got.values()
+    np.testing.assert_allclose(output, rest.json()["predictions"], rtol=1e-6, atol=1e-7)
+    assert int(output.argmax()) == 3
+    bad = refused(predictions.Predict, predict_request("k3cnn", {"pixels": np.array([b"not an image"], dtype=object)}))
+    status, message = rest_error(served, "/v1/models/k3cnn:predict", {"instances": [{"b64": base64.b64encode(b"not an image").decode()}]})
+    assert (bad.code(), status, bad.details()) == (grpc.StatusCode.INVALID_ARGUMENT, 400, message)
+    grid = refused(predictions.Predict, predict_request("k3cnn", {"pixels": np.array([[data]], dtype=object)}))
+    assert grid.code() == grpc.StatusCode.INVALID_ARGUMENT and "shape [N]" in grid.details()
