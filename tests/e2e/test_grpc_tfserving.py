@@ -223,7 +223,8 @@ def test_output_filter_picks_outputs(predictions: Any) -> None:
 def test_request_ids_travel_in_metadata(predictions: Any) -> None:
     request = predict_request("half_plus_two", {"x": np.ones((1, 1), np.float32)})
     _, call = predictions.Predict.with_call(request, metadata=(("x-request-id", "client-abc.1"),))
-    assert dict(call.trailing_metadata()) == {"x-request-id": "client-abc.1", "x-model-version": "123"}
+    assert dict(call.trailing_metadata()) == {"x-request-id": "client-abc.1", "x-model-version": "123",
+                                              "x-forkserve-worker": dict(call.trailing_metadata())["x-forkserve-worker"]}
     _, call = predictions.Predict.with_call(request)
     assert len(dict(call.trailing_metadata())["x-request-id"]) >= 16
     error = refused(predictions.Predict, predict_request("nope", {"x": np.ones((1, 1), np.float32)}),

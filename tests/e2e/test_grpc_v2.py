@@ -177,7 +177,8 @@ def test_model_version_and_requested_outputs(client: triton.InferenceServerClien
     request = typed_request("fallback", arrays)  # its version 2 failed: the latest that serves is 1
     response, call = stub.ModelInfer.with_call(request, metadata=[("x-request-id", "grpc-version-1")], timeout=30)
     assert response.model_version == "1"
-    assert dict(call.trailing_metadata()) == {"x-request-id": "grpc-version-1", "x-model-version": "1"}
+    assert dict(call.trailing_metadata()) == {"x-request-id": "grpc-version-1", "x-model-version": "1",
+                                              "x-forkserve-worker": dict(call.trailing_metadata())["x-forkserve-worker"]}
 
 
 def test_signature_name_parameter_and_bytes_tensors(client: triton.InferenceServerClient, stub: Any, server: Server) -> None:
