@@ -68,10 +68,12 @@ class GrpcListener:
         self._executor = ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="forkserve-grpc")
 
     def options(self) -> list[tuple[str, int]]:
-        """Channel arguments: REST's body limit for messages, SO_REUSEPORT, and a maximum connection age."""
+        """Channel arguments: REST's body limit for requests, SO_REUSEPORT, and a maximum connection age.
+
+        NOTE: answers are not limited, as REST's are not (a client's own receive limit, 4 MiB by default in grpcio, applies).
+        """
         options = [
             ("grpc.max_receive_message_length", self.settings.max_body_bytes),
-            ("grpc.max_send_message_length", self.settings.max_body_bytes),
             ("grpc.so_reuseport", 1),
         ]
         age = self.settings.grpc_max_connection_age
