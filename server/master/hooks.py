@@ -145,6 +145,8 @@ def child_exit(server: Any, worker: Any) -> None:
     remove_worker_state(settings.run_dir, worker.pid)  # reports what it cannot remove, never raises
     if connection_board.BOARD is not None and getattr(worker, "forkserve_slot", None) is not None:
         connection_board.BOARD.release(worker.forkserve_slot)  # a SIGKILLed worker could not
+        if connection_board.GRPC_BOARD is not None:
+            connection_board.GRPC_BOARD.release(worker.forkserve_slot)
 
 
 def _share_gunicorn_log(server: Any) -> None:

@@ -28,8 +28,13 @@ class ActivePeers(grpc.ServerInterceptor):
     def __init__(self) -> None:
         self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._wrapped: dict[str, Any] = {}  # method -> its handler, noting peers (built once per method)
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        # NOTE: runs for every call on the shard's one serving thread: a dict lookup after the first call of a method
+        known = self._wrapped.get(details.method)
+        if known is not None:
+            return known
         handler = continuation(details)
         if handler is None or handler.unary_unary is None or details.method.startswith(UNCOUNTED):
             return handler
@@ -40,7 +45,8 @@ class ActivePeers(grpc.ServerInterceptor):
             seen[context.peer()] = time.monotonic()  # NOTE: one dict store under the GIL, no lock on the call path
             return behavior(request, context)
 
-        return handler._replace(unary_unary=noted)
+        wrapped = self._wrapped[details.method] = handler._replace(unary_unary=noted)
+        return wrapped
 
     def active(self, window: float = WINDOW) -> int:
         """Connections that carried a call within `window` seconds; older ones are forgotten."""

@@ -16,6 +16,7 @@ from server.http.common import request_id_for
 from server.worker.registry import ModelRegistry, ModelVersion
 
 log = logging.getLogger("forkserve.grpc")
+WORKER_PID = str(os.getpid())  # read once: this package is imported in workers only, after fork
 
 # The HTTP status REST answers for a failure -> the gRPC status for the same failure.
 STATUS_CODES = {
@@ -97,7 +98,7 @@ class Calls:
             if api:
                 instrument.record(http_status)
                 instrument.release()
-        trailing = [("x-request-id", request_id), ("x-forkserve-worker", str(os.getpid()))]  # which worker answered (balance, rollouts)
+        trailing = [("x-request-id", request_id), ("x-forkserve-worker", WORKER_PID)]  # which worker answered (balance, rollouts)
         if version is not None:
             trailing.append(("x-model-version", str(version.version)))
         context.set_trailing_metadata(tuple(trailing))

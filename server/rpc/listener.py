@@ -66,6 +66,7 @@ class GrpcListener:
         self.stopped: threading.Event | None = None
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="forkserve-grpc")
+        self.balancing = slot is not None and connection_board.GRPC_BOARD is not None
 
     def options(self) -> list[tuple[str, int]]:
         """Channel arguments: REST's body limit for requests, SO_REUSEPORT, and a maximum connection age.
@@ -78,11 +79,15 @@ class GrpcListener:
         ]
         age = self.settings.grpc_max_connection_age
         if age > 0:
+            # NOTE: a connection is closed `grace` after its GOAWAY, calls still on it or not: the grace covers
+            # the longest call a model allows (request_timeout_s), or such calls would fail over gRPC only.
+            longest = max((m.config.request_timeout_s for m in self.registry.models.values()), default=0.0)
+            grace = max(self.settings.grpc_max_connection_age_grace, longest + 5.0)
             # NOTE: HTTP/2 channels are long-lived, so a client stays on the worker it first reached.
             # Past this age the worker sends GOAWAY (twice, with a ping between: no call is lost) and
             # the client reconnects at its next call, to a socket that listens.
             options += [("grpc.max_connection_age_ms", int(age * 1000)),
-                        ("grpc.max_connection_age_grace_ms", int(self.settings.grpc_max_connection_age_grace * 1000))]
+                        ("grpc.max_connection_age_grace_ms", int(grace * 1000))]
         return options
 
     def start(self) -> None:
@@ -90,20 +95,22 @@ class GrpcListener:
         try:
             for _ in range(SHARDS):
                 self.shards.append(self._new_shard())
-        except RuntimeError:
+        except BaseException:
             for shard in self.shards:  # NOTE: a worker that reports not ready must not serve gRPC on part of its shards
                 shard.server.stop(0)
             self.shards.clear()
             raise
         self.health.refresh()
-        if self.slot is not None and connection_board.GRPC_BOARD is not None:
+        if self.balancing:
             threading.Thread(target=self._balance, name="forkserve-grpc-balance", daemon=True).start()
 
     def _new_shard(self) -> Shard:
         """One more server listening on the port, started."""
         peers = balance.ActivePeers()
-        server = grpc.server(self._executor, options=self.options(), interceptors=(peers,),
-                             maximum_concurrent_rpcs=max(2, self.settings.threads * 8 // SHARDS))
+        # NOTE: the cap counts health checks too: a shard at its cap answers the kubelet's probe RESOURCE_EXHAUSTED,
+        # so it is far above what the thread pool runs at once (the executors' queues shed load first).
+        server = grpc.server(self._executor, options=self.options(), interceptors=(peers,) if self.balancing else (),
+                             maximum_concurrent_rpcs=max(2, self.settings.threads * 32 // SHARDS))
         names = tfserving.add_to_server(self.calls, server) + v2.add_to_server(self.calls, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
@@ -134,31 +141,43 @@ class GrpcListener:
         changed = 0.0
         while self.stopped is None:
             time.sleep(BALANCE_INTERVAL)
-            with self._lock:
-                if self.stopped is not None:
-                    break
-                now = time.monotonic()
-                active = sum(shard.peers.active() for shard in self.shards)
-                board.publish(slot, active)
-                counts = board.counts()
-                limit = balance.bound(counts)
-                listening = self.listening()
-                if limit is not None and now - changed > COOLDOWN:
-                    if active > limit and len(listening) > 1:
-                        self._pause(listening[-1], now)
-                        changed = now
-                        log.info("gRPC: %d active connections here, %s on the board (bound %d): "
-                                 "stopped listening on one socket of %d", active, counts, limit, len(listening))
-                    elif (active <= sum(counts) // len(counts) or active == 0) and len(listening) < SHARDS:
-                        self._add_shard()
-                        changed = now
-                elif limit is None and len(listening) < SHARDS:
+            try:
+                changed = self._balance_once(board, slot, changed)
+            except Exception:  # NOTE: a surprise (/proc unreadable) costs one look, not balancing for the worker's life
+                log.exception("gRPC: balancing failed once")
+
+    def _balance_once(self, board: connection_board.ConnectionBoard, slot: int, changed: float) -> float:
+        """One look at the board: publish, pause or add a shard, stop paused shards whose connections have all left."""
+        with self._lock:
+            if self.stopped is not None:
+                return changed
+            now = time.monotonic()
+            active = sum(shard.peers.active() for shard in self.shards)
+            board.publish(slot, active)
+            counts = board.counts()
+            limit = balance.bound(counts)
+            listening = self.listening()
+            if limit is not None and now - changed > COOLDOWN:
+                if active > limit and len(listening) > 1:
+                    self._pause(listening[-1], now)
+                    changed = now
+                    log.info("gRPC: %d active connections here, %s on the board (bound %d): "
+                             "stopped listening on one socket of %d", active, counts, limit, len(listening))
+                elif (active <= sum(counts) // len(counts) or active == 0) and len(listening) < SHARDS:
                     self._add_shard()
-                self.stopping = [event for event in self.stopping if not event.is_set()]
-                for shard in [s for s in self.shards if s.paused_at is not None and now - s.paused_at > balance.WINDOW]:
-                    if shard.peers.active() == 0:  # every connection of it has left: a stop cancels nothing
-                        self.shards.remove(shard)
-                        self.stopping.append(shard.server.stop(self.settings.grpc_max_connection_age_grace))
+                    changed = now
+            elif limit is None and len(listening) < SHARDS and now - changed > COOLDOWN:
+                self._add_shard()
+                changed = now
+            self.stopping = [event for event in self.stopping if not event.is_set()]
+            # NOTE: a stop cancels calls just arriving (grpc/grpc#41785): a paused shard stops only once every
+            # connection it held has had its GOAWAY (one connection age, +10 % jitter) and none carried a call since.
+            settled = self.settings.grpc_max_connection_age * 1.1 + 1.0
+            for shard in [s for s in self.shards if s.paused_at is not None and now - s.paused_at > settled]:
+                if shard.peers.active() == 0:
+                    self.shards.remove(shard)
+                    self.stopping.append(shard.server.stop(self.settings.grpc_max_connection_age_grace))
+        return changed
 
     def _pause(self, shard: Shard, now: float) -> None:
         """Stop listening on `shard`'s sockets; it serves the connections it has until they leave."""
@@ -176,7 +195,11 @@ class GrpcListener:
         """Stop listening at once; once the clients have moved (max_connection_age), stop the servers with `grace`.
 
         The event is set when every call has finished, within `grace` seconds.
+        NOTE: signal handlers call this on the main thread; a second signal during the first call must not
+        wait for the lock the first holds (a deadlock until the master's SIGKILL), so it returns at once.
         """
+        if self.stopped is not None:
+            return self.stopped
         with self._lock:
             if self.stopped is None:
                 self.stopped = threading.Event()
@@ -193,13 +216,17 @@ class GrpcListener:
         """Drain thread: wait for the connections to leave (at most one connection age, within `grace`), then stop."""
         assert self.stopped is not None
         started = time.monotonic()
-        age = self.settings.grpc_max_connection_age
-        drain = min(grace, age * 1.1 + 1.0) if age > 0 and grace > 0 else 0.0  # NOTE: grpc-core jitters the age by +-10 %
-        while time.monotonic() - started < drain and sockets.connections(self.port) > 0:
-            time.sleep(0.05)
-        remaining = max(0.0, grace - (time.monotonic() - started))
-        with self._lock:
-            events = [shard.server.stop(remaining) for shard in self.shards] + self.stopping
-        for event in events:
-            event.wait()
-        self.stopped.set()
+        try:
+            age = self.settings.grpc_max_connection_age
+            drain = min(grace, age * 1.1 + 1.0) if age > 0 and grace > 0 else 0.0  # NOTE: grpc-core jitters the age by +-10 %
+            while time.monotonic() - started < drain and sockets.connections(self.port) > 0:
+                time.sleep(0.05)
+        except Exception:  # NOTE: /proc unreadable: stop now rather than never (the event must be set)
+            log.exception("gRPC: waiting for the connections to leave failed")
+        finally:
+            remaining = max(0.0, grace - (time.monotonic() - started))
+            with self._lock:
+                events = [shard.server.stop(remaining) for shard in self.shards] + self.stopping
+            for event in events:
+                event.wait()
+            self.stopped.set()

@@ -59,7 +59,20 @@ def pause(fds: set[int]) -> None:
     """
     for fd in fds:
         try:
-            with socket.socket(fileno=os.dup(fd)) as handle:
-                handle.shutdown(socket.SHUT_RD)
+            duplicate = os.dup(fd)
         except OSError:  # closed by grpcio meanwhile
-            pass
+            continue
+        try:
+            with socket.socket(fileno=duplicate) as handle:
+                handle.shutdown(socket.SHUT_RD)
+        except OSError:  # not a socket any more (the number was reused): leave it alone
+            os.close(duplicate) if _is_open(duplicate) else None
+
+
+def _is_open(fd: int) -> bool:
+    """Whether `fd` is still an open descriptor of this process."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True

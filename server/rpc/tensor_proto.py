@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from server.errors import ApiError, InvalidArgument
+from server.settings import Settings
 
 # DataType enum value -> (numpy dtype name, the TensorProto field holding its values)
 DTYPES: dict[int, tuple[str, str]] = {
@@ -94,6 +95,12 @@ def to_array(proto: Any, name: str) -> np.ndarray:
     if array.size == count:
         return array.reshape(shape)
     if array.size == 1 and count:  # TF's rule: one value fills the whole shape
+        # NOTE: a 30-byte request can name a shape of terabytes: the filled tensor is held to the size
+        # limit a request's bytes have (FORKSERVE_MAX_BODY_BYTES), before anything is allocated.
+        limit = Settings.current().max_body_bytes
+        if count * max(array.itemsize, 8 if array.dtype == object else 1) > limit:
+            raise InvalidArgument(f"input {name!r}: one value filling shape {list(shape)} makes a tensor larger than "
+                                  f"the request size limit ({limit} bytes, FORKSERVE_MAX_BODY_BYTES)")
         return np.full(shape, array[0], dtype=array.dtype)
     raise InvalidArgument(f"input {name!r}: {array.size} values in {field} for shape {list(shape)} "
                           f"({count} expected, or 1 to fill the shape)")

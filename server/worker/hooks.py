@@ -105,7 +105,7 @@ def start_grpc(worker: Any, registry: Any, settings: Settings) -> None:
     NOTE: a worker that cannot listen reports not ready with the reason (/readyz, its state file)
     rather than serving REST alone: a rollout never retires a worker for it, and the log says why.
     """
-    if not settings.grpc_bind:
+    if not settings.grpc_bind or not worker.alive:  # told to stop while loading: nothing to listen for
         return
     try:
         from server.rpc.listener import GrpcListener

@@ -145,3 +145,11 @@ def test_an_output_dtype_without_an_encoding_is_a_server_error() -> None:
     with pytest.raises(ApiError) as failed:
         from_array(np.ones(2, dtype=np.complex64), tensor_pb2.TensorProto(), "z")
     assert failed.value.status == 500 and "output 'z' is complex64" in failed.value.message
+
+
+@pytest.mark.parametrize("dtype", ["float32", "string"])
+def test_one_value_may_not_fill_a_shape_past_the_request_size_limit(dtype: str) -> None:
+    proto = tf.make_tensor_proto(b"x" if dtype == "string" else 1.0, shape=[1_000_000, 1_000_000])
+    assert proto.ByteSize() < 100  # a tiny request naming a tensor of terabytes
+    with pytest.raises(InvalidArgument, match="larger than the request size limit"):
+        to_array(proto, "x")
