@@ -50,6 +50,16 @@ def _env_seconds(name: str, default: float) -> float:
     return value
 
 
+def _env_seconds_or_off(name: str, default: float) -> float:
+    """Seconds from the environment, 0 meaning never, or the default."""
+    value = _env_value(name, float, "a number of seconds")
+    if value is None:
+        return default
+    if not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be 0 (never) or a positive number of seconds, got {value!r}")
+    return value
+
+
 def _env_milliseconds(name: str, default: float) -> float:
     """Milliseconds from the environment, 0 meaning off, or the default."""
     value = _env_value(name, float, "a number of milliseconds")
@@ -165,7 +175,7 @@ class Settings:
             client_timeout=_env_seconds("FORKSERVE_CLIENT_TIMEOUT", 15.0),
             strict_readiness=_env_flag("FORKSERVE_STRICT_READINESS", "0"),
             grpc_bind=os.environ.get("FORKSERVE_GRPC_BIND", DEFAULT_GRPC_BIND).strip(),
-            grpc_max_connection_age=_env_seconds("FORKSERVE_GRPC_MAX_CONNECTION_AGE", 5.0),
+            grpc_max_connection_age=_env_seconds_or_off("FORKSERVE_GRPC_MAX_CONNECTION_AGE", 5.0),
             grpc_max_connection_age_grace=_env_seconds("FORKSERVE_GRPC_MAX_CONNECTION_AGE_GRACE", 30.0),
         )
 

@@ -202,3 +202,15 @@ def test_pin_cpus_rejects_other_values(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("FORKSERVE_PIN_CPUS", "sometimes")
     with pytest.raises(ValueError, match="FORKSERVE_PIN_CPUS"):
         Settings.from_env()
+
+
+def test_grpc_settings_default_and_off(clean_env: pytest.MonkeyPatch) -> None:
+    settings = Settings.from_env()
+    assert (settings.grpc_bind, settings.grpc_max_connection_age) == ("127.0.0.1:8500", 5.0)
+    clean_env.setenv("FORKSERVE_GRPC_BIND", " ")
+    clean_env.setenv("FORKSERVE_GRPC_MAX_CONNECTION_AGE", "0")
+    settings = Settings.from_env()
+    assert (settings.grpc_bind, settings.grpc_max_connection_age) == ("", 0.0)
+    clean_env.setenv("FORKSERVE_GRPC_MAX_CONNECTION_AGE", "-1")
+    with pytest.raises(ValueError, match="FORKSERVE_GRPC_MAX_CONNECTION_AGE must be 0"):
+        Settings.from_env()
