@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from server.errors import InvalidArgument
-from server.http.codecs.v2 import DATATYPES, v2_datatype
+from server.http.codecs.v2 import DATATYPES, bytes_elements, v2_datatype
 from server.signature import TensorInfo
 
 # V2 datatype -> the InferTensorContents field that holds its values (the protocol's table)
@@ -24,25 +24,6 @@ FIELD_DTYPES = {
     "bool_contents": "bool", "int_contents": "int32", "int64_contents": "int64", "uint_contents": "uint32",
     "uint64_contents": "uint64", "fp32_contents": "float32", "fp64_contents": "float64",
 }
-
-
-def _bytes_elements(data: bytes, count: int, name: str) -> np.ndarray:
-    """Length-prefixed (4 bytes, little-endian) BYTES elements of raw contents."""
-    items, offset = [], 0
-    while offset < len(data):
-        if offset + 4 > len(data):
-            raise InvalidArgument(f"input {name!r}: raw BYTES contents end inside a length prefix")
-        (length,) = struct.unpack_from("<I", data, offset)
-        offset += 4
-        if offset + length > len(data):
-            raise InvalidArgument(f"input {name!r}: raw BYTES element runs past its contents")
-        items.append(data[offset : offset + length])
-        offset += length
-    if len(items) != count:
-        raise InvalidArgument(f"input {name!r}: {len(items)} BYTES elements for {count} in its shape")
-    array = np.empty(count, dtype=object)
-    array[:] = items
-    return array
 
 
 def to_array(tensor: Any, raw: bytes | None, info: TensorInfo) -> np.ndarray:
@@ -61,7 +42,7 @@ def to_array(tensor: Any, raw: bytes | None, info: TensorInfo) -> np.ndarray:
         if tensor.HasField("contents"):
             raise InvalidArgument(f"input {name!r} has both contents and raw_input_contents; send one of them")
         if dtype == "string":
-            return _bytes_elements(raw, count, name).reshape(shape)
+            return bytes_elements(raw, count, name).reshape(shape)
         itemsize = np.dtype(dtype).itemsize
         if len(raw) != count * itemsize:
             raise InvalidArgument(f"input {name!r}: {len(raw)} raw bytes for shape {list(shape)} of {datatype} "

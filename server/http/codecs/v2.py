@@ -72,8 +72,8 @@ def _shape(value: Any, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _bytes_elements(data: bytes, count: int, name: str) -> np.ndarray:
-    """BYTES tensor data: each element a 4-byte little-endian length and its bytes."""
+def bytes_elements(data: bytes, count: int, name: str) -> np.ndarray:
+    """BYTES tensor data (REST's binary extension, gRPC's raw contents): each element a 4-byte little-endian length and its bytes."""
     elements, offset = [], 0
     while offset < len(data):
         if offset + 4 > len(data):
@@ -120,7 +120,7 @@ def _input_array(spec: dict[str, Any], binary: bytes, offset: int, info: TensorI
         chunk = binary[offset : offset + size]
         offset += size
         if dtype == "string":
-            return _bytes_elements(chunk, count, name).reshape(shape), offset
+            return bytes_elements(chunk, count, name).reshape(shape), offset
         itemsize = np.dtype(dtype).itemsize
         if size != count * itemsize:
             raise InvalidArgument(f"input {name!r}: {size} bytes of data for shape {list(shape)} of {datatype} ({count * itemsize} expected)")

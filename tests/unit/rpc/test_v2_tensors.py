@@ -119,9 +119,9 @@ BAD = [
     ("raw byte count", tensor("x", "FP32", [2, 2]), b"\x00" * 12, "float32", "12 raw bytes for shape [2, 2] of FP32 (16 expected)"),
     ("raw and contents", _typed("FP32", [1, 1], "fp32_contents", [1.0]), b"\x00" * 4, "float32", "both contents and raw_input_contents"),
     ("raw BOOL not 0 or 1", tensor("x", "BOOL", [1, 2]), b"\x01\x02", "bool", "must be 0 or 1"),
-    ("BYTES prefix cut", tensor("x", "BYTES", [1]), b"\x03\x00", "string", "end inside a length prefix"),
-    ("BYTES element past the end", tensor("x", "BYTES", [1]), b"\x09\x00\x00\x00abc", "string", "runs past its contents"),
-    ("BYTES count", tensor("x", "BYTES", [2]), b"\x01\x00\x00\x00a", "string", "1 BYTES elements for 2 in its shape"),
+    ("BYTES prefix cut", tensor("x", "BYTES", [1]), b"\x03\x00", "string", "truncated BYTES element length"),
+    ("BYTES element past the end", tensor("x", "BYTES", [1]), b"\x09\x00\x00\x00abc", "string", "runs past the data"),
+    ("BYTES count", tensor("x", "BYTES", [2]), b"\x01\x00\x00\x00a", "string", "1 BYTES elements for a shape of 2"),
     ("BYTES typed count", _typed("BYTES", [2], "bytes_contents", [b"a"]), None, "string", "1 bytes_contents values for shape [2]"),
 ]
 
