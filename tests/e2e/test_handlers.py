@@ -230,7 +230,8 @@ def test_a_handler_that_exits_or_is_interrupted_costs_its_request_a_500_and_noth
     assert traffic.failures() == [] and len(traffic.answers) > 30
     assert handled.worker_pids() == workers and handled.process.poll() is None  # no worker lost, the master serves
     assert handled.post("/v1/models/wild:predict", json={"rows": [[0.5] * 20]}).status_code == 200
-    wait_until(lambda: f"rid={do}-5 version=1" in handled.log(), 15, "the access log line of the last 500")
+    # NOTE: every line: the six requests may have been answered by both workers, each flushing its own lines every 0.5 s
+    wait_until(lambda: all(f"rid={do}-{i} version=1" in handled.log() for i in range(6)), 15, "the access log lines of the 500s")
     log = handled.log()
     assert f"request {do}-0: unexpected error" in log
     assert f"model wild version 1: Handler.preprocess raised {raised} (handler.py line" in log
