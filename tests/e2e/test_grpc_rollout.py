@@ -35,6 +35,9 @@ from tests.e2e.harness import ROOT, Server, free_port, wait_until
 FEATURES = np.full((2, 20), 0.5, np.float32)
 
 
+RECONNECT_BACKOFF = 5.0  # seconds: grpcio's first reconnect backoffs (1 s, then x1.6, with 20 % jitter), twice over
+
+
 @dataclass
 class Answer:
     """One call: when it started and ended, which client made it, and how it went."""
@@ -186,11 +189,11 @@ def test_publish_sighup_and_a_killed_worker_under_8_grpc_clients(fleet: Server, 
     assert all(len(calls) > 100 for calls in during.values()), counts
     assert [a for a in clients.failures() if a.ended < killed[0]] == []  # (a) and (b): not one failed call
     lost = [a for a in clients.failures() if a.ended >= killed[0]]
-    # (c) only calls sent to the killed worker: UNAVAILABLE, right at the kill, from clients whose channel was there.
-    # NOTE: at most 2 per client: the call in flight, and at times the client's next call, issued within
-    # milliseconds on the same dying connection before its channel noticed (seen: 3 of 8 clients once).
-    assert all(a.code.endswith("UNAVAILABLE") and a.started <= killed[0] + 1.0 for a in lost), lost
-    assert max(Counter(a.client for a in lost).values(), default=0) <= 2, lost
+    # (c) only clients whose channel was on the killed worker lose calls, all UNAVAILABLE, and only until their
+    # channel reconnects. NOTE: usually the call in flight and at times the next one on the dying connection;
+    # once (1 of 6 runs) a channel failed fast for about a second, in grpcio's reconnect backoff after the reset
+    # (thousands of instant UNAVAILABLE from a client calling in a loop): that is the client's default policy.
+    assert all(a.code.endswith("UNAVAILABLE") and a.started <= killed[0] + RECONNECT_BACKOFF for a in lost), lost[:5]
     for answer in lost:
         if answer.client.startswith("tfs"):  # its channel was on the victim: its last answer came from there
             assert before_kill[answer.client].worker == str(victim[0]), (answer, before_kill[answer.client])
