@@ -50,24 +50,24 @@ def _env_seconds(name: str, default: float) -> float:
     return value
 
 
-def _env_seconds_or_off(name: str, default: float) -> float:
-    """Seconds from the environment, 0 meaning never, or the default."""
-    value = _env_value(name, float, "a number of seconds")
+def _env_zero_or_positive(name: str, default: float, unit: str, zero: str) -> float:
+    """A number of `unit` from the environment, 0 meaning `zero`, or the default."""
+    value = _env_value(name, float, f"a number of {unit}")
     if value is None:
         return default
     if not 0 <= value < math.inf:
-        raise ValueError(f"{name} must be 0 (never) or a positive number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be 0 ({zero}) or a positive number of {unit}, got {value!r}")
     return value
+
+
+def _env_seconds_or_off(name: str, default: float) -> float:
+    """Seconds from the environment, 0 meaning never, or the default."""
+    return _env_zero_or_positive(name, default, "seconds", "never")
 
 
 def _env_milliseconds(name: str, default: float) -> float:
     """Milliseconds from the environment, 0 meaning off, or the default."""
-    value = _env_value(name, float, "a number of milliseconds")
-    if value is None:
-        return default
-    if not 0 <= value < math.inf:
-        raise ValueError(f"{name} must be 0 (off) or a positive number of milliseconds, got {value!r}")
-    return value
+    return _env_zero_or_positive(name, default, "milliseconds", "off")
 
 
 def _env_int(name: str, default: int) -> int:
