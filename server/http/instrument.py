@@ -37,6 +37,7 @@ class Inference:
     stages: dict[str, float] = field(default_factory=dict)
     version_on_errors: bool = False  # error answers carry X-Model-Version too (the access log's version=)
     protocol: str = "rest"  # "rest" or "grpc" (the metrics' protocol label)
+    trace_id: str = ""  # W3C trace id (32 hex digits) when tracing is on (server.telemetry.tracing)
 
 
 _CURRENT: contextvars.ContextVar[Inference | None] = contextvars.ContextVar("forkserve_inference", default=None)
@@ -51,6 +52,11 @@ def begin(model: str, api: str, request_id: str = "", protocol: str = "rest") ->
         inference.stages["thread_wait"] = waited
     _CURRENT.set(inference)
     BUFFER.add(metrics.INFLIGHT_REQUESTS, (model,), 1)
+
+
+def current() -> Inference | None:
+    """The inference request this thread is answering, if any."""
+    return _CURRENT.get()
 
 
 def set_model(model: str) -> None:
