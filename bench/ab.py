@@ -1,10 +1,12 @@
 """Two forkserve configurations side by side: the A/B behind every "kept" or "not kept" in docs/performance.md.
 
     .venv/bin/python -m bench.ab --a FORKSERVE_PIN_CPUS=0 --b FORKSERVE_PIN_CPUS=auto [--noisy] \
-        [--workloads mlp cnn] [--connections 1 16 64] [--seconds 6] [--rounds 3]
+        [--variant C NAME=value ...] [--workloads mlp cnn] [--connections 1 16 64] [--seconds 6] [--rounds 3]
 
 Both servers (2 workers each, the bench models) run at once; each round measures every cell on A
-then B, or B then A on odd rounds, so drift hits both. Besides wrk's req/s and latencies, each cell
+then B, or B then A on odd rounds, so drift hits both. `--variant LABEL NAME=value ...` adds more
+servers, measured in a rotating order and compared with A. In a value, `{work}` is the run's
+scratch directory and `{otlp}` the URL of an OTLP/HTTP receiver this run starts (bench.otlp_sink). Besides wrk's req/s and latencies, each cell
 records the workers' CPU per request (utime + stime from /proc), the steadier figure on a shared
 machine. `--noisy` adds the cells with one core kept busy by a CPU-bound process. Prints a table of
 medians [min-max] and the B/A ratio; writes ab.md into --out.
@@ -24,15 +26,17 @@ from pathlib import Path
 from bench import models
 from bench.common import NoisyNeighbour, arguments, batching_totals, process_cpu_seconds, rss_mib, save_table
 from bench.load import LoadResult, run_wrk
+from bench.otlp_sink import OtlpSink
 from bench.run import request_bodies
 from tests.e2e.harness import Server
 
 METRICS_SETTLE_SECONDS = 1.2  # a worker writes its metrics every 0.5 s (server.telemetry.flusher)
 
 
-def parse_env(assignments: list[str]) -> dict[str, str]:
-    """["NAME=value", ...] -> a dict (an empty list is the defaults)."""
-    return dict(item.split("=", 1) for item in assignments)
+def parse_env(assignments: list[str], places: dict[str, str] | None = None) -> dict[str, str]:
+    """["NAME=value", ...] -> a dict (an empty list is the defaults); `{work}`, `{otlp}` in values filled from `places`."""
+    pairs = (item.split("=", 1) for item in assignments)
+    return {name: value.format(**places) if places else value for name, value in pairs}
 
 
 def worker_cpu_seconds(server: Server) -> float:
@@ -74,22 +78,28 @@ def main() -> None:
     parser.add_argument("--b", nargs="*", default=[], metavar="NAME=value", help="environment of server B")
     parser.add_argument("--workloads", nargs="+", default=["mlp", "cnn"], choices=models.WORKLOADS)
     parser.add_argument("--connections", nargs="+", type=int, default=[1, 16, 64])
+    parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="LABEL NAME=value",
+                        help="another server to compare with A (repeatable)")
     parser.add_argument("--noisy", action="store_true", help="also measure with one core kept busy")
     args = parser.parse_args()
+    configurations = {"A": args.a, "B": args.b, **{variant[0]: variant[1:] for variant in args.variant}}
     bodies = request_bodies()
     measured: dict[tuple, list[Cell]] = collections.defaultdict(list)
-    with tempfile.TemporaryDirectory(prefix="forkserve-ab-") as work:
+    with tempfile.TemporaryDirectory(prefix="forkserve-ab-") as work, OtlpSink() as sink:
         models.build(Path(work) / "models", tuple(args.workloads))
+        places = {"work": work, "otlp": sink.url}
         servers = {
             name: Server(models_dir=Path(work) / "models", run_dir=Path(work) / f"run-{name}", workers=2,
-                         env={"TF_CPP_MIN_LOG_LEVEL": "3", **parse_env(assignments)})
-            for name, assignments in (("A", args.a), ("B", args.b))
+                         env={"TF_CPP_MIN_LOG_LEVEL": "3", **parse_env(assignments, places)})
+            for name, assignments in configurations.items()
         }
         try:
             for server in servers.values():
                 server.start()
+            names = list(servers)
             for round_number in range(args.rounds):
-                order = ["A", "B"] if round_number % 2 == 0 else ["B", "A"]
+                shift = round_number % len(names)
+                order = names[shift:] + names[:shift]  # two servers: A B, then B A
                 for condition in ("quiet", "noisy") if args.noisy else ("quiet",):
                     for workload in args.workloads:
                         for connections in args.connections:
@@ -111,10 +121,11 @@ def main() -> None:
 
 def report(measured: dict, args: argparse.Namespace) -> str:
     """One row per cell and server: medians [min-max], and B against A."""
-    lines = [f"# A: {' '.join(args.a) or '(defaults)'}  B: {' '.join(args.b) or '(defaults)'}", "",
+    variants = "".join(f"  {v[0]}: {' '.join(v[1:]) or '(defaults)'}" for v in args.variant)
+    lines = [f"# A: {' '.join(args.a) or '(defaults)'}  B: {' '.join(args.b) or '(defaults)'}{variants}", "",
              f"2 workers each, wrk -t1, {args.rounds} interleaved rounds of {args.seconds:.0f} s, median [min-max]", "",
              "| condition | workload | conc. | server | req/s | p50 ms | p99 ms | slowest ms | worker CPU ms/req "
-             "| rows per TF call | thread wait ms | worker RSS MiB | errors | B/A req/s | B/A CPU |",
+             "| rows per TF call | thread wait ms | worker RSS MiB | errors | /A req/s | /A CPU |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(measured):
         condition, workload, connections, name = key
@@ -122,7 +133,7 @@ def report(measured: dict, args: argparse.Namespace) -> str:
         rps = [c.load.requests_per_second for c in runs]
         cpu = statistics.median(c.cpu_ms for c in runs)
         ratios = " |"
-        if name == "B":
+        if name != "A":
             a_runs = measured[(condition, workload, connections, "A")]
             ratios = (f"{statistics.median(rps) / statistics.median(c.load.requests_per_second for c in a_runs):.2f} | "
                       f"{cpu / statistics.median(c.cpu_ms for c in a_runs):.2f}")
