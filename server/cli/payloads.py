@@ -16,6 +16,8 @@ FILE_RE = re.compile(r"payloads-.+\.jsonl(?:\.([0-9]+))?")
 
 def log_files(directory: Path) -> list[Path]:
     """Every worker's file and its rotated ones, oldest first within a worker (.5 .. .1, then the live one)."""
+    if not directory.is_dir():
+        return []
     found = [path for path in directory.iterdir() if FILE_RE.fullmatch(path.name)]
     return sorted(found, key=lambda path: (path.name.split(".jsonl")[0], -int(FILE_RE.fullmatch(path.name)[1] or 0)))
 

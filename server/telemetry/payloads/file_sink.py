@@ -29,10 +29,14 @@ class FileSink:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             self._size = os.fstat(self._fd).st_size
         line = record.line()
-        written = os.write(self._fd, line)
+        try:
+            written = os.write(self._fd, line)
+            if written < len(line):
+                raise OSError(f"short write to {self.path} ({written} of {len(line)} bytes): the disk is full")
+        except OSError:
+            os.ftruncate(self._fd, self._size)  # NOTE: a part of a line would glue itself to the next record
+            raise
         self._size += written
-        if written < len(line):
-            raise OSError(f"short write to {self.path} ({written} of {len(line)} bytes)")
         if self._size >= self.max_bytes:
             self._rotate()
 
