@@ -198,3 +198,25 @@ def test_wrongly_typed_or_infinite_values_raise_config_error_naming_the_setting(
     table = {key: value, **({"version_policy": "specific"} if key == "versions" else {})}
     with pytest.raises(ConfigError, match=rf"^\[defaults\]: .*{key}"):
         parse_config({"defaults": table})
+
+
+def test_payload_log_sample_is_parsed_per_model_and_in_defaults() -> None:
+    config = parse_config({"defaults": {"payload_log": {"sample": 0.5}}, "models": {"m": {"payload_log": {"sample": 1}}, "n": {}}})
+    assert config.for_model("m").payload_log_sample == 1.0 and config.for_model("n").payload_log_sample == 0.5
+    assert parse_config({}).for_model("x").payload_log_sample == 0.0
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"sample": 1.5}, "payload_log.sample must be between 0 and 1"),
+        ({"sample": -0.1}, "payload_log.sample must be between 0 and 1"),
+        ({"sample": "0.1"}, "payload_log must be a table"),
+        ({"rate": 0.1}, "payload_log must be a table"),
+        (0.1, "payload_log must be a table"),
+    ],
+)
+def test_a_bad_payload_log_names_the_model(value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=r"^\[models\.m\]: " + message) as raised:
+        parse_config({"models": {"m": {"payload_log": value}}})
+    assert raised.value.model == "m"
