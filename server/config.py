@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ class ModelConfig:
             size *= 2
         return sizes + [self.max_batch_size]
 
-    def validate(self, where: str) -> "ModelConfig":
+    def validate(self, where: str) -> ModelConfig:
         """Raise ConfigError naming `where` when a value is out of range."""
         checks = [
             (self.version_policy in VERSION_POLICIES, f"version_policy must be one of {VERSION_POLICIES}"),
@@ -110,6 +110,13 @@ class ServerConfig:
 _FIELDS = {f.name for f in fields(ModelConfig)} - {"payload_log_sample"} | {"payload_log"}
 _INT_FIELDS = {"latest", "max_batch_size", "max_queue_rows", "max_request_rows", "max_image_pixels"}
 _FLOAT_FIELDS = {"max_batch_delay_ms", "request_timeout_s"}
+
+
+def as_table(config: ModelConfig) -> dict[str, Any]:
+    """A ModelConfig as the models.toml table that parses back to it."""
+    table = asdict(config)
+    table["payload_log"] = {"sample": table.pop("payload_log_sample")}
+    return table
 
 
 def _type_problem(key: str, value: Any) -> str:

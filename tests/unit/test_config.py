@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from server.config import (
     ConfigError,
     ModelConfig,
     ServerConfig,
+    as_table,
     load_config,
     parse_config,
 )
@@ -220,3 +223,8 @@ def test_a_bad_payload_log_names_the_model(value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=r"^\[models\.m\]: " + message) as raised:
         parse_config({"models": {"m": {"payload_log": value}}})
     assert raised.value.model == "m"
+
+
+def test_as_table_parses_back_to_the_same_settings() -> None:
+    config = parse_config({"models": {"m": {"payload_log": {"sample": 0.25}, "labels": {"a": 1}}}}).for_model("m")
+    assert parse_config({"models": {"m": json.loads(json.dumps(as_table(config)))}}).for_model("m") == config
