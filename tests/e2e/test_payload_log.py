@@ -310,3 +310,10 @@ def test_a_failing_receiver_never_fails_or_slows_a_request(http_server: Server, 
         return any(e[0].get("ce-id", "").startswith(f"after-{mode}-") for e in receiver.events)
 
     wait_until(recovered, 15, "the writer to recover", interval=0.2)
+
+
+def test_a_bad_sink_stops_the_master_at_start_with_one_line(tmp_path: Path) -> None:
+    server = Server(models_dir=tmp_path / "models", run_dir=tmp_path / "run", workers=1,
+                    env={"FORKSERVE_PAYLOAD_LOG": "s3://bucket/payloads"}).start(timeout=0)
+    assert server.process is not None and server.process.wait(60) != 0
+    assert "FORKSERVE_PAYLOAD_LOG must be file:DIR, http://URL or https://URL, got 's3://bucket/payloads'" in server.log()
