@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from server.cli.payloads import log_files, records
@@ -317,3 +318,21 @@ def test_a_bad_sink_stops_the_master_at_start_with_one_line(tmp_path: Path) -> N
                     env={"FORKSERVE_PAYLOAD_LOG": "s3://bucket/payloads"}).start(timeout=0)
     assert server.process is not None and server.process.wait(60) != 0
     assert "FORKSERVE_PAYLOAD_LOG must be file:DIR, http://URL or https://URL, got 's3://bucket/payloads'" in server.log()
+
+
+def test_a_grpc_predict_is_logged_with_its_tensors_as_lists(http_server: Server, receiver: Receiver) -> None:
+    grpc = pytest.importorskip("grpc")
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from server.rpc import tensor_proto
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "logged"
+    tensor_proto.from_array(np.asarray([ROW], dtype=np.float32), request.inputs["features"], "features")
+    with grpc.insecure_channel(http_server.grpc_target) as channel:
+        prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10,
+                                                                           metadata=[("x-request-id", "grpc-1")])
+    (request_headers, request_body), (response_headers, response_body) = events_of(receiver, "grpc-1")
+    assert request_headers["ce-endpoint"] == "tfserving_predict" and response_headers["ce-statuscode"] == "200"
+    assert json.loads(request_body) == {"inputs": {"features": [ROW]}}
+    assert len(json.loads(response_body)["outputs"]["logits"][0]) > 0

@@ -21,6 +21,7 @@ class Capture:
     arrived: float  # time.time() of the request's arrival
     redact: Callable[[Any], Any] | None  # the handler's redact(body), run by the writer
     inputs: bytes | None = None  # the decoded body as JSON, frozen at capture (a handler may mutate the body later)
+    outputs: bytes | None = None  # gRPC: the output tensors as JSON (REST logs the response body instead)
 
     def submit(self, inference: Any, status: int, body: bytes, is_json: bool) -> None:
         """The request was answered: queue it for the writer (never blocks; a full queue drops it)."""
@@ -65,3 +66,14 @@ def inputs(inference: Any, body: Any) -> None:
         capture.inputs = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     except (TypeError, orjson.JSONEncodeError):
         capture.inputs = None  # the record says so (inputs null); never fails the request
+
+
+def outputs(inference: Any, tensors: Any) -> None:
+    """gRPC: freeze the output tensors (numpy arrays as nested lists) of a sampled call."""
+    capture = getattr(inference, "payload", None)
+    if capture is None:
+        return
+    try:
+        capture.outputs = orjson.dumps(tensors, option=orjson.OPT_SERIALIZE_NUMPY)
+    except (TypeError, orjson.JSONEncodeError):
+        capture.outputs = None
