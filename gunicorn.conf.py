@@ -7,10 +7,10 @@ it must not import tensorflow or keras, directly or through what it imports.
 from server.run_dir import RunDirError
 from server.settings import Settings
 
-_settings = Settings.current()
 try:
+    _settings = Settings.current()  # a malformed FORKSERVE_* variable is a ValueError naming it
     _settings.export()  # NOTE: before the hooks import prometheus_client (multiprocess mode)
-except RunDirError as exc:  # one line, not gunicorn's "Failed to read config file" and a traceback
+except (RunDirError, ValueError) as exc:  # one line, not gunicorn's "Failed to read config file" and a traceback
     raise SystemExit(f"forkserve: cannot start: {exc}") from None
 
 from server.master import hooks as master  # noqa: E402

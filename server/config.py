@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ class ModelConfig:
     max_image_pixels: int = 16_000_000
     allow_non_finite: bool = False
     handler: bool = False  # run the version's handler.py; a handler.py without this fails the version
+    payload_log_sample: float = 0.0  # `payload_log = { sample = F }`: the share of requests logged (server.telemetry.payloads)
 
     @property
     def padded_batch_sizes(self) -> list[int]:
@@ -59,7 +60,7 @@ class ModelConfig:
             size *= 2
         return sizes + [self.max_batch_size]
 
-    def validate(self, where: str) -> "ModelConfig":
+    def validate(self, where: str) -> ModelConfig:
         """Raise ConfigError naming `where` when a value is out of range."""
         checks = [
             (self.version_policy in VERSION_POLICIES, f"version_policy must be one of {VERSION_POLICIES}"),
@@ -85,6 +86,7 @@ class ModelConfig:
             (self.image_resize in RESIZE_METHODS, f"image_resize must be one of {RESIZE_METHODS}"),
             (self.image_mode in ("",) + IMAGE_MODES, f"image_mode must be one of {IMAGE_MODES}"),
             (self.max_image_pixels >= 1, "max_image_pixels must be >= 1"),
+            (0 <= self.payload_log_sample <= 1, "payload_log.sample must be between 0 and 1"),
         ]
         for ok, message in checks:
             if not ok:
@@ -105,9 +107,16 @@ class ServerConfig:
         return self.models.get(name, self.defaults)
 
 
-_FIELDS = {f.name for f in fields(ModelConfig)}
+_FIELDS = {f.name for f in fields(ModelConfig)} - {"payload_log_sample"} | {"payload_log"}
 _INT_FIELDS = {"latest", "max_batch_size", "max_queue_rows", "max_request_rows", "max_image_pixels"}
 _FLOAT_FIELDS = {"max_batch_delay_ms", "request_timeout_s"}
+
+
+def as_table(config: ModelConfig) -> dict[str, Any]:
+    """A ModelConfig as the models.toml table that parses back to it."""
+    table = asdict(config)
+    table["payload_log"] = {"sample": table.pop("payload_log_sample")}
+    return table
 
 
 def _type_problem(key: str, value: Any) -> str:
@@ -120,6 +129,9 @@ def _type_problem(key: str, value: Any) -> str:
         return "" if isinstance(value, bool) else "true or false"
     if key in ("versions", "allowed_batch_sizes"):
         return "" if isinstance(value, list) and all(type(v) is int for v in value) else "a list of integers"
+    if key == "payload_log":
+        ok = isinstance(value, dict) and set(value) <= {"sample"} and _type_problem("max_batch_delay_ms", value.get("sample", 0)) == ""
+        return "" if ok else "a table { sample = a number between 0 and 1 }"
     if key == "labels":
         ok = isinstance(value, dict) and all(type(v) is int for v in value.values())
         return "" if ok else "a table of label = version"
@@ -144,6 +156,8 @@ def _model_config(table: Any, base: ModelConfig, where: str, model: str | None =
                 values[key] = tuple(values[key])
         if "labels" in values:
             values["labels"] = dict(values["labels"])
+        if "payload_log" in values:
+            values["payload_log_sample"] = float(values.pop("payload_log").get("sample", 0))
         return replace(base, **values).validate(where)
     except ConfigError as exc:
         raise ConfigError(str(exc), model) from None

@@ -96,6 +96,19 @@ def _pin_mode(raw: str) -> str:
     return mode
 
 
+def _payload_sink(raw: str) -> str:
+    """FORKSERVE_PAYLOAD_LOG checked: "file:DIR" (DIR made absolute), "http(s)://HOST..." or "" (off)."""
+    raw = raw.strip()
+    if not raw:
+        return ""
+    if raw.startswith("file:") and raw[len("file:"):].strip():
+        return "file:" + os.path.abspath(raw[len("file:"):].strip())
+    scheme, _, rest = raw.partition("://")
+    if scheme.lower() in ("http", "https") and rest and not rest.startswith("/"):
+        return raw
+    raise ValueError(f"FORKSERVE_PAYLOAD_LOG must be file:DIR, http://URL or https://URL, got {raw!r}")
+
+
 def _without_last_link(given: str) -> Path:
     """An absolute path with its parent resolved and its last part kept: a symlink there is refused, not followed."""
     path = Path(os.path.abspath(given))
@@ -137,6 +150,9 @@ class Settings:
     grpc_bind: str = DEFAULT_GRPC_BIND  # HOST:PORT every worker's gRPC server listens on ("" turns gRPC off)
     grpc_max_connection_age: float = 5.0  # seconds before a worker asks a gRPC client to reconnect (0: never; server.rpc.listener)
     grpc_max_connection_age_grace: float = 30.0  # ... and how long the calls in flight on it then have
+    payload_log: str = ""  # FORKSERVE_PAYLOAD_LOG: "file:DIR", "http(s)://URL" or "" (off; server.telemetry.payloads)
+    payload_log_max_mb: float = 100.0  # FORKSERVE_PAYLOAD_LOG_MAX_MB: a worker's file is rotated past this size
+    payload_log_queue: int = 1000  # FORKSERVE_PAYLOAD_LOG_QUEUE: records waiting for the writer; more are dropped
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -177,6 +193,9 @@ class Settings:
             grpc_bind=os.environ.get("FORKSERVE_GRPC_BIND", DEFAULT_GRPC_BIND).strip(),
             grpc_max_connection_age=_env_seconds_or_off("FORKSERVE_GRPC_MAX_CONNECTION_AGE", 5.0),
             grpc_max_connection_age_grace=_env_seconds("FORKSERVE_GRPC_MAX_CONNECTION_AGE_GRACE", 30.0),
+            payload_log=_payload_sink(os.environ.get("FORKSERVE_PAYLOAD_LOG", "")),
+            payload_log_max_mb=_env_seconds("FORKSERVE_PAYLOAD_LOG_MAX_MB", 100.0),  # NOTE: "seconds": any positive number
+            payload_log_queue=_env_int("FORKSERVE_PAYLOAD_LOG_QUEUE", 1000) or 1000,
         )
 
     @classmethod

@@ -95,6 +95,17 @@ def _source_and_settings(command: argparse.ArgumentParser) -> None:
                                                    "(default: $FORKSERVE_CONF or ./conf/models.toml)")
 
 
+def _payloads(args: argparse.Namespace) -> int:
+    from server.cli.payloads import records, write_table
+
+    if not args.directory.is_dir():
+        print(f"payloads: {args.directory} is not a directory", file=sys.stderr)
+        return 2
+    count = write_table(records(args.directory, args.model), sys.stdout, args.format)
+    print(f"payloads: {count} records", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command."""
     parser = argparse.ArgumentParser(prog="python -m server", description=__doc__.splitlines()[0])
@@ -113,5 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     rel.add_argument("--run-dir", help="the server's FORKSERVE_RUN_DIR (holds gunicorn.pid); "
                                        "default: $FORKSERVE_RUN_DIR, else the one running server found in $TMPDIR")
     rel.set_defaults(run=reload)
+    pay = commands.add_parser("payloads", help="the payload log's files as one table (CSV or JSON lines) on stdout")
+    pay.add_argument("directory", type=Path, help="the DIR of FORKSERVE_PAYLOAD_LOG=file:DIR")
+    pay.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="csv (nested values as JSON text) or jsonl")
+    pay.add_argument("--model", help="only this model's records")
+    pay.set_defaults(run=_payloads)
     args = parser.parse_args(argv)
     return args.run(args)

@@ -19,11 +19,10 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from server.config import ConfigError, ModelConfig, load_config, parse_config
+from server.config import ConfigError, ModelConfig, as_table, load_config, parse_config
 from server.repository import VersionSource, detect_format
 
 NO_EXAMPLE_WARNING = (
@@ -47,7 +46,7 @@ def model_settings(name: str, conf: Path) -> ModelConfig:
 def run_in_child(source: Path, name: str, config: ModelConfig, version: int, conf: Path, timeout: float = 600.0) -> dict[str, Any]:
     """The child's verdict on `source` as version `version` of `name`; ValidationFailed with its reason."""
     command = [sys.executable, "-m", "server.cli.validate", str(source), "--model", name, "--version", str(version),
-               "--settings", json.dumps(asdict(config))]
+               "--settings", json.dumps(as_table(config))]
     # NOTE: FORKSERVE_CONF names the file the settings came from, in reasons the worker's code gives.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "FORKSERVE_CONF": str(conf)}
     try:

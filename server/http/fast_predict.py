@@ -32,6 +32,7 @@ from server.http.common import (
     unexpected_error_answer,
 )
 from server.settings import Settings
+from server.telemetry.payloads import capture
 from server.worker.registry import ModelRegistry, ModelVersion
 
 # NOTE: used with fullmatch: re.match with a final `$` also accepts a trailing "\n" (":predict%0A"), which Flask refuses.
@@ -84,11 +85,15 @@ class FastPredict:
         request_id = request_id_for(environ.get("HTTP_X_REQUEST_ID", ""))
         instrument.begin(target.name, API, request_id)
         instrument.set_version(target.version)
+        if capture.ON:
+            capture.sample(instrument.current(), target)
         headers = [("Content-Type", "application/json")]
         try:
             try:
-                payload = tfserving_predict(target, jsonio.loads(self._body(environ)),
-                                            request_timeout(target, environ.get("HTTP_X_REQUEST_TIMEOUT")))
+                data = jsonio.loads(self._body(environ))
+                if capture.ON:
+                    capture.inputs(instrument.current(), data)
+                payload = tfserving_predict(target, data, request_timeout(target, environ.get("HTTP_X_REQUEST_TIMEOUT")))
                 body, status = encode_json(payload, timed=True), 200
                 headers.append(("X-Model-Version", str(target.version)))
             except ApiError as exc:
@@ -99,6 +104,8 @@ class FastPredict:
                 status, error = unexpected_error_answer(request_id)
                 body = encode_json(error, timed=False)
             instrument.record(status)
+            if capture.ON and (sampled := instrument.current()) is not None and sampled.payload is not None:
+                sampled.payload.submit(sampled, status, body, True)
         finally:
             instrument.release()
         headers += [("Content-Length", str(len(body))), ("X-Request-Id", request_id)]

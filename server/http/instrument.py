@@ -11,6 +11,7 @@ import contextvars
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from flask import Response
 
@@ -38,6 +39,7 @@ class Inference:
     version_on_errors: bool = False  # error answers carry X-Model-Version too (the access log's version=)
     protocol: str = "rest"  # "rest" or "grpc" (the metrics' protocol label)
     trace_id: str = ""  # W3C trace id (32 hex digits) when tracing is on (server.telemetry.tracing)
+    payload: Any = None  # a sampled request's payloads.capture.Capture (None: not logged)
 
 
 _CURRENT: contextvars.ContextVar[Inference | None] = contextvars.ContextVar("forkserve_inference", default=None)
@@ -99,6 +101,8 @@ def finish(response: Response) -> Response:
     if inference is not None and inference.version_on_errors and inference.version:
         response.headers.setdefault("X-Model-Version", inference.version)
     record(response.status_code)
+    if inference is not None and inference.payload is not None and not response.is_streamed:
+        inference.payload.submit(inference, response.status_code, response.get_data(), response.mimetype == "application/json")
     return response
 
 

@@ -25,6 +25,7 @@ from server.http.common import (
     tfserving_predict,
 )
 from server.http.handled import predict_with_handler
+from server.telemetry.payloads import capture
 from server.worker.registry import ModelVersion
 
 blueprint = Blueprint("tfserving", __name__)
@@ -82,7 +83,11 @@ def models(rest: str) -> Response:
     if action == "metadata":
         return json_response(_metadata(target), version=target)
     instrument.set_version(target.version)
+    if capture.ON:
+        capture.sample(instrument.current(), target)
     body = read_json()
+    if capture.ON:
+        capture.inputs(instrument.current(), body)
     if action == "predict" and target.handler is not None:
         return json_response(predict_with_handler(target, body), version=target)
     if action == "predict":

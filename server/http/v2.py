@@ -22,6 +22,7 @@ from server.http.common import (
     registry,
     request_body,
 )
+from server.telemetry.payloads import capture
 from server.worker.registry import AVAILABLE, ModelVersion
 
 blueprint = Blueprint("v2", __name__)
@@ -95,9 +96,13 @@ def model_infer(name: str, version: str | None = None) -> Response:
     instrument.begin(name if name in registry().models else instrument.UNKNOWN_MODEL, "v2_infer", g.get("request_id", ""))
     target = _target(name, version)
     instrument.set_version(target.version)
+    if capture.ON:
+        capture.sample(instrument.current(), target)
     check_content_type(also=BINARY_CONTENT_TYPES)
     started = time.perf_counter()
     header, binary = v2.split_body(request_body(), request.headers.get(v2.HEADER_LENGTH))
+    if capture.ON:
+        capture.inputs(instrument.current(), header)  # NOTE: binary-extension tensor bytes are not logged
     decoded = v2.decode_infer(header, binary, target.signature)
     signature, outputs = predict(target, decoded.signature_name, decoded.inputs, started, flask_request_timeout(target))
     started = time.perf_counter()

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import grpc
+import orjson
 
 from server.errors import ApiError, DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, VersionFailed
 from server.http import instrument
 from server.http.common import request_id_for
+from server.telemetry.payloads import capture
 from server.worker.registry import ModelRegistry, ModelVersion
 
 log = logging.getLogger("forkserve.grpc")
@@ -97,6 +99,9 @@ class Calls:
         finally:
             if api:
                 instrument.record(http_status)
+                if capture.ON and (sampled := instrument.current()) is not None and sampled.payload is not None:
+                    answer = sampled.payload.outputs if code == grpc.StatusCode.OK else orjson.dumps({"error": details})
+                    sampled.payload.submit(sampled, http_status, answer or b"null", True)
                 instrument.release()
         trailing = [("x-request-id", request_id), ("x-forkserve-worker", WORKER_PID)]  # which worker answered (balance, rollouts)
         if version is not None:

@@ -15,6 +15,7 @@ from server.http.common import infer, predict
 from server.rpc import messages, tensor_proto
 from server.rpc.calls import Calls, timeout_for
 from server.signature import METHOD_NAMES, SignatureInfo, TensorInfo
+from server.telemetry.payloads import capture
 from server.worker.registry import ModelVersion
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -152,11 +153,17 @@ class PredictionService:
         def work() -> tuple[Any, ModelVersion]:
             target = resolve(self.calls, request.model_spec)
             instrument.set_version(target.version)
+            if capture.ON:
+                capture.sample(instrument.current(), target)
             started = time.perf_counter()
             signature = target.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
             wanted = output_names(request.output_filter, signature)
             inputs = decode_inputs(request.inputs, signature, target)
+            if capture.ON:
+                capture.inputs(instrument.current(), {"inputs": inputs})  # nested lists of the decoded tensors
             _, outputs = predict(target, signature.name, inputs, started, timeout_for(context, target))
+            if capture.ON:
+                capture.outputs(instrument.current(), {"outputs": {name: outputs[name] for name in wanted or outputs}})
             started = time.perf_counter()
             for name in wanted or outputs:
                 tensor_proto.from_array(outputs[name], response.outputs[name], name)

@@ -156,6 +156,10 @@ CONNECTION_CLOSES = Counter(
 WORKERS_ALIVE = Gauge(
     "forkserve_workers_alive", "Worker processes that finished booting and are alive.", multiprocess_mode="livesum",
 )
+PAYLOAD_LOG_DROPPED = Counter(
+    "forkserve_payload_log_dropped", "Sampled payload records not logged, by reason: queue_full, write_failed, "
+    "redact_failed (written without inputs), encode_failed.", ["reason"],
+)
 WORKER_BOOTS = Counter("forkserve_worker_boots", "Workers that finished booting (models loaded or failed).")
 WORKER_EXITS = Counter(
     "forkserve_worker_exits", "Worker exits seen by the master, by reason.", ["reason"],

@@ -62,6 +62,7 @@ class Handler:
     response_schema: dict | None
     module_name: str
     pool: HandlerPool  # the threads preprocess and postprocess run on
+    redact: Callable[[Any], Any] | None = None  # applied to logged inputs by the payload log's writer (docs/handlers.md)
 
     def describe(self) -> dict[str, Any]:
         """What metadata and /openapi.json say about this handler."""
@@ -140,6 +141,7 @@ def _build(module: Any, version_dir: Path, module_name: str, label: str) -> Hand
         response_schema=_schema(instance, "response_schema"),
         module_name=module_name,
         pool=HandlerPool(label, Settings.current().threads),
+        redact=getattr(instance, "redact", None),
     )
 
 

@@ -84,6 +84,7 @@ def post_worker_init(worker: Any) -> None:
         worker.log.info("forkserve worker %s froze %d loaded objects out of the garbage collector's reach",
                         pid, freeze_the_loaded_heap())
     start_grpc(worker, registry, settings)
+    start_payload_log(worker, registry, settings)
     from server.telemetry import metrics
 
     ready, report = registry.readiness()
@@ -119,6 +120,18 @@ def start_grpc(worker: Any, registry: Any, settings: Settings) -> None:
         return
     worker.forkserve_grpc = listener
     worker.log.info("forkserve worker %s serving gRPC on %s", os.getpid(), settings.grpc_bind)
+
+
+def start_payload_log(worker: Any, registry: Any, settings: Settings) -> None:
+    """The payload log's writer thread (FORKSERVE_PAYLOAD_LOG), after fork; a failure leaves payloads unlogged, the worker serving."""
+    try:
+        from server.telemetry.payloads import writer
+
+        sampled = [name for name, model in registry.models.items() if model.config.payload_log_sample]
+        if writer.start(settings, sampled) is not None:
+            worker.log.info("forkserve worker %s logs sampled payloads to %s", os.getpid(), settings.payload_log)
+    except Exception:
+        worker.log.exception("forkserve: the payload log could not start; payloads are not logged")
 
 
 def freeze_the_loaded_heap() -> int:

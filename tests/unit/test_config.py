@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from server.config import (
     ConfigError,
     ModelConfig,
     ServerConfig,
+    as_table,
     load_config,
     parse_config,
 )
@@ -198,3 +200,30 @@ def test_wrongly_typed_or_infinite_values_raise_config_error_naming_the_setting(
     table = {key: value, **({"version_policy": "specific"} if key == "versions" else {})}
     with pytest.raises(ConfigError, match=rf"^\[defaults\]: .*{key}"):
         parse_config({"defaults": table})
+
+
+def test_payload_log_sample_is_parsed_per_model_and_in_defaults() -> None:
+    config = parse_config({"defaults": {"payload_log": {"sample": 0.5}}, "models": {"m": {"payload_log": {"sample": 1}}, "n": {}}})
+    assert config.for_model("m").payload_log_sample == 1.0 and config.for_model("n").payload_log_sample == 0.5
+    assert parse_config({}).for_model("x").payload_log_sample == 0.0
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"sample": 1.5}, "payload_log.sample must be between 0 and 1"),
+        ({"sample": -0.1}, "payload_log.sample must be between 0 and 1"),
+        ({"sample": "0.1"}, "payload_log must be a table"),
+        ({"rate": 0.1}, "payload_log must be a table"),
+        (0.1, "payload_log must be a table"),
+    ],
+)
+def test_a_bad_payload_log_names_the_model(value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=r"^\[models\.m\]: " + message) as raised:
+        parse_config({"models": {"m": {"payload_log": value}}})
+    assert raised.value.model == "m"
+
+
+def test_as_table_parses_back_to_the_same_settings() -> None:
+    config = parse_config({"models": {"m": {"payload_log": {"sample": 0.25}, "labels": {"a": 1}}}}).for_model("m")
+    assert parse_config({"models": {"m": json.loads(json.dumps(as_table(config)))}}).for_model("m") == config

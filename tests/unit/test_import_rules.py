@@ -77,6 +77,7 @@ def test_gunicorn_conf_imports_no_grpc() -> None:
     assert done.returncode == 0, done.stderr
     modules = json.loads(done.stdout.strip().splitlines()[-1])
     assert grpc_modules(modules) == [] and heavy(modules) == []
+    assert not [m for m in modules if m.startswith("server.telemetry.payloads")], "the payload writer is worker-only"
 
 
 def test_every_server_module_is_covered_by_a_rule() -> None:

@@ -214,3 +214,32 @@ def test_grpc_settings_default_and_off(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("FORKSERVE_GRPC_MAX_CONNECTION_AGE", "-1")
     with pytest.raises(ValueError, match="FORKSERVE_GRPC_MAX_CONNECTION_AGE must be 0"):
         Settings.from_env()
+
+
+@pytest.mark.parametrize(
+    ("raw", "sink"),
+    [("", ""), ("file:logs", "file:{cwd}/logs"), ("file:/var/log/p", "file:/var/log/p"),
+     ("http://collector:8080/events", "http://collector:8080/events"), ("https://h/x", "https://h/x")],
+)
+def test_payload_log_sinks(clean_env: pytest.MonkeyPatch, tmp_path: Path, raw: str, sink: str) -> None:
+    clean_env.setenv("FORKSERVE_PAYLOAD_LOG", raw)
+    settings = Settings.from_env()
+    assert settings.payload_log == sink.format(cwd=tmp_path)
+    assert (settings.payload_log_max_mb, settings.payload_log_queue) == (100.0, 1000)
+
+
+@pytest.mark.parametrize("raw", ["logs", "file:", "ftp://h/x", "http://", "http:///path", "s3://bucket"])
+def test_a_bad_payload_log_sink_is_refused_at_start(clean_env: pytest.MonkeyPatch, raw: str) -> None:
+    clean_env.setenv("FORKSERVE_PAYLOAD_LOG", raw)
+    with pytest.raises(ValueError, match="FORKSERVE_PAYLOAD_LOG must be file:DIR, http://URL or https://URL"):
+        Settings.from_env()
+
+
+def test_payload_log_sizes(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("FORKSERVE_PAYLOAD_LOG_MAX_MB", "0.5")
+    clean_env.setenv("FORKSERVE_PAYLOAD_LOG_QUEUE", "10")
+    settings = Settings.from_env()
+    assert (settings.payload_log_max_mb, settings.payload_log_queue) == (0.5, 10)
+    clean_env.setenv("FORKSERVE_PAYLOAD_LOG_MAX_MB", "0")
+    with pytest.raises(ValueError, match="FORKSERVE_PAYLOAD_LOG_MAX_MB"):
+        Settings.from_env()

@@ -1,0 +1,79 @@
+"""The request path's side of payload logging: sample a request, freeze its inputs, hand it to the writer."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+ON = False  # a sink is configured and this worker's writer runs (writer.start); False: callers skip everything
+_submit: Callable[[Sampled], None] = lambda sampled: None  # the writer's put (writer.start)
+
+
+@dataclass(slots=True)
+class Capture:
+    """What a sampled request carries until it is answered (Inference.payload)."""
+
+    arrived: float  # time.time() of the request's arrival
+    redact: Callable[[Any], Any] | None  # the handler's redact(body), run by the writer
+    inputs: bytes | None = None  # the decoded body as JSON, frozen at capture (a handler may mutate the body later)
+    outputs: bytes | None = None  # gRPC: the output tensors as JSON (REST logs the response body instead)
+
+    def submit(self, inference: Any, status: int, body: bytes, is_json: bool) -> None:
+        """The request was answered: queue it for the writer (never blocks; a full queue drops it)."""
+        latency_ms = (time.perf_counter() - inference.started) * 1000
+        _submit(Sampled(self, inference.request_id, inference.trace_id, inference.model, inference.version,
+                        inference.api, inference.protocol, status, latency_ms, body, is_json))
+
+
+@dataclass(slots=True)
+class Sampled:
+    """One answered, sampled request as the writer receives it."""
+
+    capture: Capture
+    request_id: str
+    trace_id: str
+    model: str
+    version: str
+    api: str
+    protocol: str
+    status: int
+    latency_ms: float
+    body: bytes  # the response body as sent: outputs, or the error
+    is_json: bool
+
+
+def sample(inference: Any, version: Any) -> None:
+    """Mark the request being measured for logging, with the answering version's sample rate."""
+    rate = version.config.payload_log_sample
+    if inference is None or not rate or random.random() >= rate:
+        return
+    handler = version.handler
+    redact = getattr(handler, "redact", None) if handler is not None else None
+    inference.payload = Capture(time.time() - (time.perf_counter() - inference.started), redact)
+
+
+def inputs(inference: Any, body: Any) -> None:
+    """Freeze the decoded request body of a sampled request (orjson, now: later it may have changed)."""
+    capture = getattr(inference, "payload", None)
+    if capture is None:
+        return
+    try:
+        capture.inputs = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    except (TypeError, orjson.JSONEncodeError):
+        capture.inputs = None  # the record says so (inputs null); never fails the request
+
+
+def outputs(inference: Any, tensors: Any) -> None:
+    """gRPC: freeze the output tensors (numpy arrays as nested lists) of a sampled call."""
+    capture = getattr(inference, "payload", None)
+    if capture is None:
+        return
+    try:
+        capture.outputs = orjson.dumps(tensors, option=orjson.OPT_SERIALIZE_NUMPY)
+    except (TypeError, orjson.JSONEncodeError):
+        capture.outputs = None

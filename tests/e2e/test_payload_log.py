@@ -1,0 +1,338 @@
+"""Payload logging against a real gunicorn: JSON-lines files (rotation, full disk, redaction, the CLI) and CloudEvents to a real receiver."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from server.cli.payloads import log_files, records
+from tests.e2e.filesystems import filled, tmpfs
+from tests.e2e.harness import ROOT, Server, free_port, wait_until
+from tests.e2e.test_handlers import version_dir
+from tests.e2e.test_metrics import samples, value
+
+ROW = [0.5] * 20
+MAX_MB = 0.01  # about 30 records per file: rotation within a test
+# preprocess mutates the body it is given (the log must show it as it came); redact hides the user.
+REDACTING = '''
+import numpy as np
+
+
+class Handler:
+    def preprocess(self, body: dict) -> dict:
+        body.pop("user", None)
+        return {"features": np.asarray([body.pop("features")], dtype=np.float32)}
+
+    def postprocess(self, outputs: dict, body: dict) -> dict:
+        return {"score": float(outputs["logits"][0][0])}
+
+    def redact(self, body: dict) -> dict:
+        return {**body, "user": "REDACTED"}
+'''
+RAISING = REDACTING.replace('return {**body, "user": "REDACTED"}', 'raise KeyError("no such field")')
+CONF = """
+[models.logged]
+payload_log = { sample = 1.0 }
+
+[models.redacted]
+handler = true
+payload_log = { sample = 1.0 }
+
+[models.leaky]
+handler = true
+payload_log = { sample = 1.0 }
+
+[models.half_plus_two]
+payload_log = { sample = 1.0 }
+"""
+
+
+@pytest.fixture(scope="module")
+def payload_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A small tmpfs: the payload files, to fill on demand."""
+    with tmpfs(tmp_path_factory.mktemp("payload-fs"), "2m") as where:
+        yield where / "payloads"
+
+
+@pytest.fixture(scope="module")
+def file_server(model_repo: Path, payload_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """1 worker logging to file:DIR: sampled models (plain, handlers, half_plus_two) and an unsampled one."""
+    repo = tmp_path_factory.mktemp("payload-models")
+    mlp = model_repo / "mlp" / "1" / "model.keras"
+    for name in ("logged", "quiet"):
+        shutil.copytree(model_repo / "mlp" / "1", repo / name / "1")
+    shutil.copytree(model_repo / "half_plus_two", repo / "half_plus_two")
+    version_dir(repo, "redacted", 1, mlp, REDACTING)
+    version_dir(repo, "leaky", 1, mlp, RAISING)
+    run_dir = tmp_path_factory.mktemp("payload-run")
+    (run_dir / "models.toml").write_text(CONF)
+    server = Server(models_dir=repo, run_dir=run_dir, conf_path=run_dir / "models.toml", workers=1, env={
+        "FORKSERVE_PAYLOAD_LOG": f"file:{payload_dir}", "FORKSERVE_PAYLOAD_LOG_MAX_MB": str(MAX_MB)}).start()
+    yield server
+    server.stop()
+
+
+def logged(directory: Path, request_id: str, count: int = 1) -> list[dict]:
+    """The records of one request id, once `count` of them are written."""
+    return wait_until(lambda: [r for r in records(directory) if r["request_id"] == request_id][:count] or None
+                      if len([r for r in records(directory) if r["request_id"] == request_id]) >= count else None,
+                      15, f"{count} record(s) of {request_id}")
+
+
+def test_a_fast_path_predict_is_logged_with_every_field(file_server: Server, payload_dir: Path) -> None:
+    body = {"instances": [ROW]}
+    response = file_server.post("/v1/models/logged:predict", json=body, headers={"X-Request-Id": "fast-1"})
+    assert response.status_code == 200
+    [record] = logged(payload_dir, "fast-1")
+    assert {k: record[k] for k in ("model", "version", "api", "protocol", "status", "trace_id", "error")} == {
+        "model": "logged", "version": "1", "api": "tfserving_predict", "protocol": "rest", "status": 200,
+        "trace_id": "", "error": None}
+    assert record["inputs"] == body and record["outputs"] == response.json()
+    assert record["time"].endswith("Z") and 0 < record["latency_ms"] < 10_000
+    assert (payload_dir.stat().st_mode & 0o777) == 0o750
+    assert {path.stat().st_mode & 0o777 for path in log_files(payload_dir)} == {0o600}
+
+
+def test_the_flask_view_v2_and_regress_are_logged(file_server: Server, payload_dir: Path) -> None:
+    chunked = file_server.post("/v1/models/logged:predict", data=iter([json.dumps({"instances": [ROW]}).encode()]),
+                               headers={"X-Request-Id": "flask-1", "Content-Type": "application/json"})
+    v2_body = {"inputs": [{"name": "features", "shape": [1, 20], "datatype": "FP32", "data": ROW}]}
+    v2 = file_server.post("/v2/models/logged/infer", json=v2_body, headers={"X-Request-Id": "v2-1"})
+    regress_body = {"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}]}
+    regress = file_server.post("/v1/models/half_plus_two:regress", json=regress_body, headers={"X-Request-Id": "regress-1"})
+    assert (chunked.status_code, v2.status_code, regress.status_code) == (200, 200, 200), regress.text
+    [flask] = logged(payload_dir, "flask-1")
+    assert flask["outputs"] == chunked.json() and flask["inputs"] == {"instances": [ROW]}
+    [infer] = logged(payload_dir, "v2-1")
+    assert infer["api"] == "v2_infer" and infer["inputs"] == v2_body and infer["outputs"] == v2.json()
+    [regressed] = logged(payload_dir, "regress-1")
+    assert regressed["api"] == "tfserving_regress" and regressed["outputs"] == {"results": [2.5]}
+
+
+def test_a_failed_request_is_logged_with_its_error(file_server: Server, payload_dir: Path) -> None:
+    response = file_server.post("/v1/models/logged:predict", json={"instances": [[1.0, 2.0]]}, headers={"X-Request-Id": "bad-1"})
+    assert response.status_code == 400
+    [record] = logged(payload_dir, "bad-1")
+    assert record["status"] == 400 and record["outputs"] is None
+    assert record["error"] == {"status": 400, "message": response.json()["error"]}
+    assert record["inputs"] == {"instances": [[1.0, 2.0]]}
+
+
+def test_an_unsampled_model_is_not_logged(file_server: Server, payload_dir: Path) -> None:
+    for number in range(5):
+        assert file_server.post("/v1/models/quiet:predict", json={"instances": [ROW]},
+                                headers={"X-Request-Id": f"quiet-{number}"}).status_code == 200
+    file_server.post("/v1/models/logged:predict", json={"instances": [ROW]}, headers={"X-Request-Id": "after-quiet"})
+    logged(payload_dir, "after-quiet")  # written after the quiet ones would have been: one writer, in order
+    assert not [r for r in records(payload_dir) if r["model"] == "quiet"]
+
+
+def test_redact_applies_to_the_inputs_as_they_came(file_server: Server, payload_dir: Path) -> None:
+    body = {"features": ROW, "user": "alice@example.com"}
+    assert file_server.post("/v1/models/redacted:predict", json=body, headers={"X-Request-Id": "redact-1"}).status_code == 200
+    [record] = logged(payload_dir, "redact-1")
+    assert record["inputs"] == {"features": ROW, "user": "REDACTED"}  # preprocess popped both: captured before
+    assert "score" in record["outputs"]
+
+
+def test_a_raising_redact_logs_the_record_without_inputs(file_server: Server, payload_dir: Path) -> None:
+    before = value(samples(file_server), "forkserve_payload_log_dropped_total", reason="redact_failed")
+    body = {"features": ROW, "user": "alice@example.com"}
+    assert file_server.post("/v1/models/leaky:predict", json=body, headers={"X-Request-Id": "leak-1"}).status_code == 200
+    [record] = logged(payload_dir, "leak-1")
+    assert record["inputs"] is None and "KeyError" in record["redact_error"] and "score" in record["outputs"]
+    assert "alice" not in "".join(path.read_text() for path in log_files(payload_dir))
+    wait_until(lambda: value(samples(file_server), "forkserve_payload_log_dropped_total", reason="redact_failed") > before,
+               15, "redact_failed counted")
+
+
+def test_the_cli_reads_the_files_into_a_table(file_server: Server, payload_dir: Path) -> None:
+    logged(payload_dir, "fast-1")
+    command = [sys.executable, "-m", "server", "payloads", str(payload_dir)]
+    table = subprocess.run(command + ["--model", "logged"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    rows = list(csv.DictReader(io.StringIO(table)))
+    assert rows and {row["model"] for row in rows} == {"logged"}
+    fast = next(row for row in rows if row["request_id"] == "fast-1")
+    assert json.loads(fast["inputs"]) == {"instances": [ROW]} and fast["status"] == "200"
+    lines = subprocess.run(command + ["--format", "jsonl"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert {"logged", "redacted", "half_plus_two"} <= {json.loads(line)["model"] for line in lines.splitlines()}
+
+
+def test_a_full_disk_fails_no_request_and_is_counted(file_server: Server, payload_dir: Path) -> None:
+    before = value(samples(file_server), "forkserve_payload_log_dropped_total", reason="write_failed")
+    with filled(payload_dir):
+        for number in range(10):
+            started = time.monotonic()
+            response = file_server.post("/v1/models/logged:predict", json={"instances": [ROW] * 8},
+                                        headers={"X-Request-Id": f"full-{number}"})
+            assert response.status_code == 200 and time.monotonic() - started < 1.0
+        wait_until(lambda: value(samples(file_server), "forkserve_payload_log_dropped_total", reason="write_failed") > before,
+                   15, "write_failed counted")
+    assert file_server.post("/v1/models/logged:predict", json={"instances": [ROW]}, headers={"X-Request-Id": "after-full"}).ok
+    logged(payload_dir, "after-full")  # the disk has room again: logging resumes
+
+
+def test_files_rotate_by_size_and_stay_bounded(file_server: Server, payload_dir: Path) -> None:
+    for number in range(200):
+        assert file_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                headers={"X-Request-Id": f"rotate-{number}"}).status_code == 200
+    logged(payload_dir, "rotate-199")
+    files = log_files(payload_dir)
+    rotated = [path for path in files if not path.name.endswith(".jsonl")]
+    assert [path.name.rsplit(".", 1)[-1] for path in rotated] == ["5", "4", "3", "2", "1"] and len(files) <= 6
+    line = 2_000  # generous bound of one record
+    assert all(MAX_MB * 2**20 <= path.stat().st_size < MAX_MB * 2**20 + line for path in rotated)
+
+
+class Receiver:
+    """A CloudEvents receiver in this process: records every POST's headers and body; answers 200, 500 or hangs."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.mode = "ok"
+        self.events: list[tuple[dict[str, str], bytes]] = []
+        self.release = threading.Event()
+        self.open()
+
+    def open(self) -> None:
+        receiver = self
+
+        class Handle(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.events.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                if receiver.mode == "hang":
+                    receiver.release.wait(30)
+                self.send_response(500 if receiver.mode == "500" else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handle)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    instance = Receiver()
+    yield instance
+    instance.close()
+
+
+@pytest.fixture(scope="module")
+def http_server(model_repo: Path, receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """1 worker sending CloudEvents to the receiver, with a queue of 4 records."""
+    repo = tmp_path_factory.mktemp("payload-http-models")
+    shutil.copytree(model_repo / "mlp" / "1", repo / "logged" / "1")
+    run_dir = tmp_path_factory.mktemp("payload-http-run")
+    (run_dir / "models.toml").write_text("[defaults]\npayload_log = { sample = 1.0 }\n")
+    server = Server(models_dir=repo, run_dir=run_dir, conf_path=run_dir / "models.toml", workers=1, env={
+        "FORKSERVE_PAYLOAD_LOG": f"http://127.0.0.1:{receiver.port}/events", "FORKSERVE_PAYLOAD_LOG_QUEUE": "4"}).start()
+    yield server
+    server.stop()
+
+
+def events_of(receiver: Receiver, request_id: str) -> list[tuple[dict[str, str], bytes]]:
+    return wait_until(lambda: (found := [e for e in receiver.events if e[0].get("ce-id") == request_id])[1:] and found,
+                      15, f"both events of {request_id}")
+
+
+def test_cloudevents_headers_and_bodies(http_server: Server, receiver: Receiver) -> None:
+    body = {"instances": [ROW]}
+    response = http_server.post("/v1/models/logged:predict", json=body, headers={"X-Request-Id": "ce-1"})
+    assert response.status_code == 200
+    (request_headers, request_body), (response_headers, response_body) = events_of(receiver, "ce-1")
+    for headers in (request_headers, response_headers):
+        assert headers["ce-specversion"] == "1.0" and headers["ce-id"] == "ce-1"
+        assert headers["ce-source"].startswith("http://") and headers["ce-source"].endswith("/forkserve")
+        assert headers["ce-inferenceservicename"] == "logged" and headers["ce-modelversion"] == "1"
+        assert headers["content-type"] == "application/json" and headers["ce-time"].endswith("Z")
+    assert request_headers["ce-type"] == "org.kubeflow.serving.inference.request"
+    assert response_headers["ce-type"] == "org.kubeflow.serving.inference.response"
+    assert response_headers["ce-statuscode"] == "200"
+    assert json.loads(request_body) == body and json.loads(response_body) == response.json()
+
+
+def timed_requests(server: Server, count: int, prefix: str) -> float:
+    """Send `count` predicts one after another; every one must answer 200; the slowest one's seconds."""
+    slowest = 0.0
+    for number in range(count):
+        started = time.monotonic()
+        response = server.post("/v1/models/logged:predict", json={"instances": [ROW]}, headers={"X-Request-Id": f"{prefix}-{number}"})
+        assert response.status_code == 200
+        slowest = max(slowest, time.monotonic() - started)
+    return slowest
+
+
+def dropped(server: Server, reason: str) -> float:
+    return value(samples(server), "forkserve_payload_log_dropped_total", reason=reason)
+
+
+@pytest.mark.parametrize("mode", ["500", "hang", "closed"])
+def test_a_failing_receiver_never_fails_or_slows_a_request(http_server: Server, receiver: Receiver, mode: str) -> None:
+    before = {reason: dropped(http_server, reason) for reason in ("write_failed", "queue_full")}
+    receiver.mode, receiver.release = mode, threading.Event()
+    if mode == "closed":
+        receiver.close()  # connection refused from now on
+    try:
+        assert timed_requests(http_server, 20, f"mode-{mode}") < 0.5
+        reason = "queue_full" if mode == "hang" else "write_failed"  # a hanging receiver holds the writer: the queue fills
+        wait_until(lambda: dropped(http_server, reason) > before[reason], 15, f"{reason} counted")
+    finally:
+        receiver.release.set()
+        receiver.mode = "ok"
+        if mode == "closed":
+            receiver.open()
+    sent = iter(range(1000))
+
+    def recovered() -> bool:  # the queue may still be full of the failed mode's records: send until one gets through
+        assert http_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                headers={"X-Request-Id": f"after-{mode}-{next(sent)}"}).ok
+        return any(e[0].get("ce-id", "").startswith(f"after-{mode}-") for e in receiver.events)
+
+    wait_until(recovered, 15, "the writer to recover", interval=0.2)
+
+
+def test_a_bad_sink_stops_the_master_at_start_with_one_line(tmp_path: Path) -> None:
+    server = Server(models_dir=tmp_path / "models", run_dir=tmp_path / "run", workers=1,
+                    env={"FORKSERVE_PAYLOAD_LOG": "s3://bucket/payloads"}).start(timeout=0)
+    assert server.process is not None and server.process.wait(60) != 0
+    assert "FORKSERVE_PAYLOAD_LOG must be file:DIR, http://URL or https://URL, got 's3://bucket/payloads'" in server.log()
+
+
+def test_a_grpc_predict_is_logged_with_its_tensors_as_lists(http_server: Server, receiver: Receiver) -> None:
+    grpc = pytest.importorskip("grpc")
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from server.rpc import tensor_proto
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "logged"
+    tensor_proto.from_array(np.asarray([ROW], dtype=np.float32), request.inputs["features"], "features")
+    with grpc.insecure_channel(http_server.grpc_target) as channel:
+        prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10,
+                                                                           metadata=[("x-request-id", "grpc-1")])
+    (request_headers, request_body), (response_headers, response_body) = events_of(receiver, "grpc-1")
+    assert request_headers["ce-endpoint"] == "tfserving_predict" and response_headers["ce-statuscode"] == "200"
+    assert json.loads(request_body) == {"inputs": {"features": [ROW]}}
+    assert len(json.loads(response_body)["outputs"]["logits"][0]) > 0
