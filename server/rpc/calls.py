@@ -89,12 +89,14 @@ class Calls:
         try:
             response, version = work()
         except ApiError as exc:
+            instrument.note_error(exc)
             code, details, http_status = status_code(exc), exc.message, exc.status
             if http_status >= 500:
                 log.warning("request %s failed with %s: %s", request_id, code.name, details)
             if code == grpc.StatusCode.INTERNAL:  # NOTE: clients log the details, rarely the trailing metadata
                 details = f"{details} (request id {request_id})"
-        except Exception:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
+        except Exception as exc:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
+            instrument.note_error(exc)
             log.exception("request %s: unexpected error", request_id)
             code, details, http_status = grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})", 500
         finally:
