@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import struct
+import sys
 import time
 from typing import Any
 
@@ -193,7 +194,12 @@ def infer(
 ) -> dict[str, np.ndarray]:
     """Queue the inputs on the version's executor and wait for its rows, within `timeout` seconds."""
     assert version.executor is not None
-    job = version.executor.submit(signature, inputs, rows, batchable)
+    inference = instrument.current()
+    trace = inference.trace if inference is not None else None
+    if trace is not None:
+        trace.rows += rows
+        trace.signature = signature
+    job = version.executor.submit(signature, inputs, rows, batchable, trace.span.get_span_context() if trace else None)
     try:
         outputs = job.future.result(timeout=timeout)
     except ReplyTimeout:
@@ -205,14 +211,15 @@ def infer(
     finally:
         # A request that gave up (deadline) still shows where it waited: in the queue, or in the call.
         now = time.monotonic()
-        instrument.stage("queue", (job.started or now) - job.enqueued)
+        instrument.stage("queue", (job.started or now) - job.enqueued, job.started or now)
         if job.started:
-            instrument.stage("compute", (job.finished or now) - job.started)
+            instrument.stage("compute", (job.finished or now) - job.started, job.finished or now)
     return outputs
 
 
 def api_error_answer(exc: ApiError, request_id: str) -> tuple[int, dict[str, str], dict[str, str]]:
     """A known failure: (status, TF Serving's `{"error": ...}`, extra headers)."""
+    instrument.note_error(exc)
     if exc.status >= 500:
         log.warning("request %s failed with %d: %s", request_id, exc.status, exc.message)
     retry = isinstance(exc, ResourceExhausted) or exc.status == 503
@@ -222,4 +229,7 @@ def api_error_answer(exc: ApiError, request_id: str) -> tuple[int, dict[str, str
 def unexpected_error_answer(request_id: str) -> tuple[int, dict[str, str]]:
     """A bug (call from an except block): log the traceback once with the request id, tell the client only the id."""
     log.exception("request %s: unexpected error", request_id)
+    error = sys.exc_info()[1]
+    if error is not None:
+        instrument.note_error(error)
     return 500, {"error": f"internal error (request id {request_id})"}

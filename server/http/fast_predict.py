@@ -83,11 +83,14 @@ class FastPredict:
     def _answer(self, target: ModelVersion, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         """Read, run and answer one predict; measured like the Flask view's (instrument)."""
         request_id = request_id_for(environ.get("HTTP_X_REQUEST_ID", ""))
-        instrument.begin(target.name, API, request_id)
+        instrument.begin(target.name, API, request_id, carrier=environ)
         instrument.set_version(target.version)
         if capture.ON:
             capture.sample(instrument.current(), target)
         headers = [("Content-Type", "application/json")]
+        inference = instrument.current()
+        if inference is not None and inference.trace_id:
+            headers.append(("X-Trace-Id", inference.trace_id))
         try:
             try:
                 data = jsonio.loads(self._body(environ))

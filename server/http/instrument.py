@@ -16,7 +16,7 @@ from typing import Any
 from flask import Response
 
 from server.settings import Settings
-from server.telemetry import metrics
+from server.telemetry import metrics, tracing
 from server.telemetry.buffer import BUFFER
 from server.telemetry.lines import LineLimit
 from server.worker import arrival
@@ -40,18 +40,25 @@ class Inference:
     protocol: str = "rest"  # "rest" or "grpc" (the metrics' protocol label)
     trace_id: str = ""  # W3C trace id (32 hex digits) when tracing is on (server.telemetry.tracing)
     payload: Any = None  # a sampled request's payloads.capture.Capture (None: not logged)
+    trace: tracing.RequestTrace | None = None  # a sampled request's span and stage times (None: not traced)
 
 
 _CURRENT: contextvars.ContextVar[Inference | None] = contextvars.ContextVar("forkserve_inference", default=None)
 
 
-def begin(model: str, api: str, request_id: str = "", protocol: str = "rest") -> None:
-    """Start measuring an inference request of `api` ("predict", "classify", ...) for `model`."""
+def begin(model: str, api: str, request_id: str = "", protocol: str = "rest", carrier: Any = None,
+          method: str = "") -> None:
+    """Start measuring an inference request of `api` ("predict", "classify", ...) for `model`.
+
+    `carrier` (the WSGI environ, or the gRPC context with its `method`) holds the client's trace context.
+    """
     release()  # NOTE: the variable outlives a request on this thread; a stale one must not count twice
     waited = arrival.take_thread_wait()
     inference = Inference(model, api, request_id, started=time.perf_counter() - waited, protocol=protocol)
     if waited:
         inference.stages["thread_wait"] = waited
+    if tracing.ENABLED:
+        tracing.begin(inference, carrier, method)
     _CURRENT.set(inference)
     BUFFER.add(metrics.INFLIGHT_REQUESTS, (model,), 1)
 
@@ -88,11 +95,31 @@ def label_errors_with_version() -> None:
         inference.version_on_errors = True
 
 
-def stage(name: str, seconds: float) -> None:
-    """Add to the time of one stage: decode, preprocess, queue, compute, postprocess or encode (thread_wait: begin)."""
+def stage(name: str, seconds: float, end: float | None = None) -> None:
+    """Add to the time of one stage: decode, preprocess, queue, compute, postprocess or encode (thread_wait: begin).
+
+    `end`: when the stage ended (perf_counter or monotonic seconds), when that was not now.
+    """
     inference = _CURRENT.get()
     if inference is not None:
         inference.stages[name] = inference.stages.get(name, 0.0) + seconds
+        if inference.trace is not None:
+            end = time.perf_counter() if end is None else end
+            inference.trace.stages.append((name, end - seconds, end))
+
+
+def note_error(error: BaseException) -> None:
+    """The failure this request is answered with (its span records the type and the client's message)."""
+    inference = _CURRENT.get()
+    if inference is not None and inference.trace is not None:
+        tracing.note_error(inference.trace, error)
+
+
+def note_grpc_status(code: int) -> None:
+    """The gRPC status this call is answered with (its span's rpc.grpc.status_code)."""
+    inference = _CURRENT.get()
+    if inference is not None and inference.trace is not None:
+        inference.trace.grpc_code = code
 
 
 def finish(response: Response) -> Response:
@@ -100,6 +127,8 @@ def finish(response: Response) -> Response:
     inference = _CURRENT.get()
     if inference is not None and inference.version_on_errors and inference.version:
         response.headers.setdefault("X-Model-Version", inference.version)
+    if inference is not None and inference.trace_id:
+        response.headers["X-Trace-Id"] = inference.trace_id
     record(response.status_code)
     if inference is not None and inference.payload is not None and not response.is_streamed:
         inference.payload.submit(inference, response.status_code, response.get_data(), response.mimetype == "application/json")
@@ -119,6 +148,10 @@ def record(status: int) -> None:
         for name, stage_seconds in stages.items():
             BUFFER.add(metrics.STAGE_SECONDS, (model, name, protocol), stage_seconds)
         _log_if_slow(inference, status, stages)
+        trace = inference.trace
+        if trace is not None:
+            inference.trace = None  # NOTE: ended once, even if record() is called again
+            tracing.end(inference, trace, status)
 
 
 def release(_: BaseException | None = None) -> None:

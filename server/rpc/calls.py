@@ -81,23 +81,29 @@ class Calls:
         started = time.perf_counter()
         request_id = request_id_for(metadata_value(context, "x-request-id"))
         if api:
-            instrument.begin(model if model in self.registry.models else instrument.UNKNOWN_MODEL, api, request_id, "grpc")
+            instrument.begin(model if model in self.registry.models else instrument.UNKNOWN_MODEL, api, request_id, "grpc",
+                             carrier=context, method=method)
+        inference = instrument.current() if api else None
+        trace_id = inference.trace_id if inference is not None else ""
         version: ModelVersion | None = None
         code, details, http_status = grpc.StatusCode.OK, "", 200
         response = empty
         try:
             response, version = work()
         except ApiError as exc:
+            instrument.note_error(exc)
             code, details, http_status = status_code(exc), exc.message, exc.status
             if http_status >= 500:
                 log.warning("request %s failed with %s: %s", request_id, code.name, details)
             if code == grpc.StatusCode.INTERNAL:  # NOTE: clients log the details, rarely the trailing metadata
                 details = f"{details} (request id {request_id})"
-        except Exception:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
+        except Exception as exc:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
+            instrument.note_error(exc)
             log.exception("request %s: unexpected error", request_id)
             code, details, http_status = grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})", 500
         finally:
             if api:
+                instrument.note_grpc_status(code.value[0])
                 instrument.record(http_status)
                 if capture.ON and (sampled := instrument.current()) is not None and sampled.payload is not None:
                     answer = sampled.payload.outputs if code == grpc.StatusCode.OK else orjson.dumps({"error": details})
@@ -106,16 +112,18 @@ class Calls:
         trailing = [("x-request-id", request_id), ("x-forkserve-worker", WORKER_PID)]  # which worker answered (balance, rollouts)
         if version is not None:
             trailing.append(("x-model-version", str(version.version)))
+        if trace_id:
+            trailing.append(("x-trace-id", trace_id))
         context.set_trailing_metadata(tuple(trailing))
         if self.access_line is not None:
             self._log(context, method, code, http_status, response if code == grpc.StatusCode.OK else None,
-                      started, request_id, version)
+                      started, request_id, version, trace_id)
         if code != grpc.StatusCode.OK:
             context.abort(code, details)
         return response
 
     def _log(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, http_status: int, response: Any,
-             started: float, request_id: str, version: ModelVersion | None) -> None:
+             started: float, request_id: str, version: ModelVersion | None, trace_id: str = "") -> None:
         """One access-log line, in REST's shape, with the gRPC status at its end."""
         peer = context.peer()  # "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000"
         host = peer.split(":", 1)[-1].rsplit(":", 1)[0].strip("[]") if peer else "-"
@@ -123,4 +131,5 @@ class Calls:
         milliseconds = int((time.perf_counter() - started) * 1000)
         assert self.access_line is not None
         self.access_line(f'{host} "POST {method} HTTP/2" {http_status} {size} {milliseconds}ms '
-                         f"rid={request_id} version={version.version if version else '-'} grpc={code.name}")
+                         f"rid={request_id} version={version.version if version else '-'} grpc={code.name}"
+                         + (f" trace={trace_id}" if trace_id else ""))

@@ -42,18 +42,21 @@ class AccessLogger(Logger):
             super().access(resp, req, environ, request_time)
             return
         request_id = version = "-"
+        trace_id = ""
         for name, value in resp.headers:
             lowered = name.lower()
             if lowered == "x-request-id":
                 request_id = value
             elif lowered == "x-model-version":
                 version = value
+            elif lowered == "x-trace-id":  # only when tracing is on (server.telemetry.tracing)
+                trace_id = f" trace={value}"
         status = resp.status.split(None, 1)[0] if isinstance(resp.status, str) else resp.status
         milliseconds = request_time.seconds * 1000 + request_time.microseconds // 1000
         self._lines.append(
             f'{environ.get("REMOTE_ADDR", "-")} "{environ["REQUEST_METHOD"]} {environ["RAW_URI"]} '
             f'{environ["SERVER_PROTOCOL"]}" {status} {getattr(resp, "sent", None)} {milliseconds}ms '
-            f"rid={request_id} version={version}"
+            f"rid={request_id} version={version}{trace_id}"
         )
         self._flusher.ensure_started()
 

@@ -144,6 +144,13 @@ REJECTED_REQUESTS = Counter(
     ["model", "reason"],
 )
 
+TRACE_SPANS_DROPPED = Counter(
+    "forkserve_trace_spans_dropped",
+    "Trace spans that never reached the collector: queue_full (the batch processor's queue, OTEL_BSP_MAX_QUEUE_SIZE) "
+    "or export_failed (endpoint down, refusing or timing out).",
+    ["reason"],
+)
+
 # --- connections (worker, main and closer threads) ---
 CONNECTION_CLOSES = Counter(
     "forkserve_connection_closes",

@@ -17,12 +17,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from server.errors import ApiError, ResourceExhausted
-from server.telemetry import metrics
+from server.telemetry import metrics, tracing
 from server.telemetry.buffer import BUFFER
 from server.worker.reply import Reply
 
@@ -49,6 +49,7 @@ class Job:
     started: float = 0.0  # set by the executor when the call that holds this job begins
     finished: float = 0.0
     key: tuple = ()  # jobs with equal keys can be concatenated into one call
+    trace: Any = None  # the request's span context when it is traced (server.telemetry.tracing)
 
     def __post_init__(self) -> None:
         # Computed once, in the request thread: the executor compares keys while holding its lock.
@@ -96,9 +97,9 @@ class ModelExecutor:
         """Rows waiting (not yet running)."""
         return self._queued_rows
 
-    def submit(self, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool) -> Job:
+    def submit(self, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool, trace: Any = None) -> Job:
         """Queue one request; raise ResourceExhausted at once when the queue is full."""
-        job = Job(signature, inputs, rows, batchable)
+        job = Job(signature, inputs, rows, batchable, trace=trace)
         with self._cond:
             if self._queued_rows and self._queued_rows + rows > self.max_queue_rows:
                 metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(self.model, "queue_full").inc())
@@ -189,6 +190,8 @@ class ModelExecutor:
         for job in live:
             job.started = started
         self._run_batch(live)
+        if tracing.ENABLED:
+            tracing.batch(self.model, live)
         self._count_retraces()
 
     def _count_retraces(self) -> None:

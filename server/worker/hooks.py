@@ -83,6 +83,7 @@ def post_worker_init(worker: Any) -> None:
     if settings.gc_freeze:
         worker.log.info("forkserve worker %s froze %d loaded objects out of the garbage collector's reach",
                         pid, freeze_the_loaded_heap())
+    start_tracing(worker)
     start_grpc(worker, registry, settings)
     start_payload_log(worker, registry, settings)
     from server.telemetry import metrics
@@ -98,6 +99,18 @@ def post_worker_init(worker: Any) -> None:
     # NOTE: never raises (R5): a run directory that refuses the file leaves this worker serving,
     # unseen by the master until a retry gets the file written (server.state).
     publish_worker_state(settings.run_dir, WorkerState(pid, registry.generation, LOADED, None, ready, models))
+
+
+def start_tracing(worker: Any) -> None:
+    """Worker, before serving: OpenTelemetry traces when an OTLP endpoint is set (server.telemetry.tracing)."""
+    from server.telemetry import tracing
+
+    try:
+        if tracing.start():
+            worker.log.info("forkserve worker %s exports traces to %s", os.getpid(),
+                            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    except Exception:  # NOTE: never raises (see post_worker_init): this worker serves untraced
+        worker.log.exception("forkserve worker %s: tracing could not start; requests are not traced", os.getpid())
 
 
 def start_grpc(worker: Any, registry: Any, settings: Settings) -> None:
@@ -172,6 +185,9 @@ def worker_exit(server: Any, worker: Any) -> None:
         worker.log.error("forkserve worker %s leaves with exit code %d (%s): %s", os.getpid(), code, reason,
                          _what_ended(error))
     BUFFER.flush()
+    from server.telemetry import tracing
+
+    tracing.stop()  # bounded: an endpoint that hangs costs EXIT_FLUSH_S at most
     flush_access = getattr(worker.log, "flush_access", None)  # server.telemetry.access_log.AccessLogger
     if flush_access is not None:
         flush_access()

@@ -51,6 +51,11 @@ def grpc_modules(modules: list[str]) -> list[str]:
             or m.startswith("server.rpc")]
 
 
+def otel_modules(modules: list[str]) -> list[str]:
+    """OpenTelemetry among `modules`: its SDK starts threads, which only a worker may have (server.telemetry.tracing)."""
+    return [m for m in modules if m.split(".")[0] == "opentelemetry"]
+
+
 @pytest.mark.parametrize(
     "package",
     ["core", "server.master", "server.cli", "server.telemetry", "server.http", "server.worker"],
@@ -61,6 +66,7 @@ def test_package_imports_without_tensorflow_or_keras(package: str) -> None:
     assert len(done) >= len(names)
     assert heavy(modules) == [], f"{package} pulled in {heavy(modules)[:5]}"
     assert grpc_modules(modules) == [], f"{package} pulled in {grpc_modules(modules)[:5]}"
+    assert otel_modules(modules) == [], f"{package} pulled in {otel_modules(modules)[:5]}"
     assert "server.worker.runtime" not in modules
 
 
@@ -76,7 +82,7 @@ def test_gunicorn_conf_imports_no_grpc() -> None:
                           env={**__import__("os").environ, "FORKSERVE_RUN_DIR": "/tmp/forkserve-import-rule-probe"})
     assert done.returncode == 0, done.stderr
     modules = json.loads(done.stdout.strip().splitlines()[-1])
-    assert grpc_modules(modules) == [] and heavy(modules) == []
+    assert grpc_modules(modules) == [] and heavy(modules) == [] and otel_modules(modules) == []
     assert not [m for m in modules if m.startswith("server.telemetry.payloads")], "the payload writer is worker-only"
 
 
@@ -86,6 +92,15 @@ def test_every_server_module_is_covered_by_a_rule() -> None:
     for path in (ROOT / "server").rglob("*.py"):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         assert name in covered or name.startswith(prefixes) or name in {p.rstrip(".") for p in prefixes}, name
+
+
+def test_the_probe_sees_opentelemetry_where_tracing_starts() -> None:
+    probe = ("import json, os, sys; os.environ['OTEL_EXPORTER_OTLP_ENDPOINT'] = 'http://127.0.0.1:9'; "
+             "from server.telemetry import tracing; assert tracing.start(); print(json.dumps(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "FORKSERVE_RUN_DIR": "/tmp/forkserve-import-rule-probe"})
+    assert done.returncode == 0, done.stderr
+    assert otel_modules(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def test_the_probe_sees_tensorflow_where_it_is_imported() -> None:

@@ -1,0 +1,342 @@
+"""OpenTelemetry traces: one SERVER span per inference request, its stages as children, one span per batch.
+
+Worker-only and off by default: start() runs in post_worker_init (after fork, before serving) when an
+OTLP endpoint is set (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT) and
+OTEL_SDK_DISABLED is not true; opentelemetry is imported there, never in the master. While ENABLED
+is False the request path checks it (or `Inference.trace is None`) and does nothing else.
+
+Stage spans are made retroactively when the request ends, from the (name, start, end) that
+server.http.instrument.stage() kept for a sampled request: the request path of an unsampled one
+pays for a trace id only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.telemetry import metrics
+from server.telemetry.lines import LineLimit
+
+log = logging.getLogger("forkserve.tracing")
+
+ENABLED = False  # set once by start(), in a worker
+DEFAULT_SERVICE_NAME = "forkserve"
+EXIT_FLUSH_S = 1.5  # a stopping worker gives its exporter this long (an endpoint that hangs must not hold it)
+DROP_REASONS = ("queue_full", "export_failed")
+ROUTES = {  # http.route by api; "/versions/{version}" is inserted when the path names one
+    "tfserving_predict": "/v1/models/{model}:predict",
+    "tfserving_classify": "/v1/models/{model}:classify",
+    "tfserving_regress": "/v1/models/{model}:regress",
+    "v2_infer": "/v2/models/{model}/infer",
+}
+
+_tracer: Any = None
+_propagator: Any = None
+_processor: Any = None
+_context_with_span: Any = None
+_error_status: Any = None
+_link: Any = None
+_server_kind: Any = None
+ERROR_LIMIT = LineLimit(per_second=1)
+
+
+@dataclass(eq=False)
+class RequestTrace:
+    """The recording span of one sampled request and what its children will be made of."""
+
+    span: Any
+    wall_ns: int  # time.time_ns() at `clock`: turns perf_counter / monotonic seconds into span times
+    clock: float
+    stages: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) in perf_counter seconds
+    rows: int = 0
+    signature: str = ""
+    error: tuple[str, str] | None = None  # (exception type, message) of the failure being answered
+    grpc_code: int | None = None
+
+    def ns(self, seconds: float) -> int:
+        """A perf_counter (or monotonic: the same clock on Linux) time as a span time."""
+        return self.wall_ns + int((seconds - self.clock) * 1e9)
+
+
+def wanted(environ: dict[str, str] | os._Environ = os.environ) -> bool:
+    """Whether the environment asks for traces: an OTLP endpoint, and the SDK not disabled."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+def start() -> bool:
+    """Worker, after fork: the SDK with an OTLP/HTTP exporter behind a bounded batch processor; False when off."""
+    global ENABLED, _tracer, _propagator, _processor, _context_with_span, _error_status, _link, _server_kind
+    if ENABLED or not wanted():
+        return ENABLED
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    resource = Resource.create()
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    provider = TracerProvider(resource=resource, sampler=_sampler())
+    _processor = BatchSpanProcessor(_CountingExporter(OTLPSpanExporter()))
+    _count_queue_drops(_processor)
+    provider.add_span_processor(_processor)
+    _tracer = provider.get_tracer("forkserve")
+    _propagator = TraceContextTextMapPropagator()
+    _context_with_span, _link, _server_kind = set_span_in_context, Link, SpanKind.SERVER
+    _error_status = lambda message: Status(StatusCode.ERROR, message)  # noqa: E731
+    for reason in DROP_REASONS:  # at 0 from the start
+        metrics.record(lambda reason=reason: metrics.TRACE_SPANS_DROPPED.labels(reason))
+    ENABLED = True
+    return True
+
+
+def _sampler() -> Any:
+    """OTEL_TRACES_SAMPLER when set (the SDK reads it); else parentbased_traceidratio at OTEL_TRACES_SAMPLER_ARG (1.0)."""
+    if os.environ.get("OTEL_TRACES_SAMPLER"):
+        return None
+    from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
+
+    try:
+        ratio = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
+    except ValueError:
+        ratio = 1.0
+    return ParentBasedTraceIdRatio(min(1.0, max(0.0, ratio)))
+
+
+def stop() -> None:
+    """Worker exit: export what is queued, for EXIT_FLUSH_S at most."""
+    if _processor is None:
+        return
+    flushing = threading.Thread(target=_processor.shutdown, kwargs={"timeout_millis": EXIT_FLUSH_S * 1000},
+                                name="trace-exit-flush", daemon=True)
+    flushing.start()
+    flushing.join(EXIT_FLUSH_S + 0.5)
+
+
+def count_dropped(reason: str, spans: int) -> None:
+    """Count spans that never reached the collector."""
+    if spans:
+        metrics.record(lambda: metrics.TRACE_SPANS_DROPPED.labels(reason).inc(spans))
+
+
+class _CountingExporter:
+    """The OTLP exporter, with every span of a failed export counted (endpoint down, 5xx, timeout)."""
+
+    def __init__(self, exporter: Any) -> None:
+        self._exporter = exporter
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        try:
+            result = self._exporter.export(spans)
+        except Exception as exc:  # the processor would log it; counted here like any failure
+            _log_once("trace export failed: %s", exc)
+            result = SpanExportResult.FAILURE
+        if result != SpanExportResult.SUCCESS:
+            count_dropped("export_failed", len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
+
+
+class _QueueDrops:
+    """The batch processor's own metrics hook, counting its queue overflows too."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def drop_items(self, count: int, error_type: str = "queue_full") -> None:
+        count_dropped("queue_full" if error_type == "queue_full" else "export_failed", count)
+        self._inner.drop_items(count, error_type)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _count_queue_drops(processor: Any) -> None:
+    """Hook the processor's drop count (NOTE: SDK internals, 1.45; the queue stays bounded without the count)."""
+    inner = getattr(processor, "_batch_processor", None)
+    if inner is not None and hasattr(inner, "_metrics"):
+        inner._metrics = _QueueDrops(inner._metrics)
+    else:
+        log.warning("this opentelemetry-sdk hides its queue: spans dropped on a full queue are not counted")
+
+
+def _log_once(message: str, *args: Any) -> None:
+    """A tracing problem, logged at most once a second (it must never cost a request)."""
+    if ERROR_LIMIT.admit() is not None:
+        log.warning(message, *args)
+
+
+# --- the request path (called only while ENABLED) ---
+
+
+class _EnvironGetter:
+    """W3C headers from a WSGI environ."""
+
+    def get(self, carrier: dict[str, Any], key: str) -> list[str] | None:
+        value = carrier.get("HTTP_" + key.upper().replace("-", "_"))
+        return [value] if value else None
+
+    def keys(self, carrier: dict[str, Any]) -> list[str]:
+        return [name[5:].lower().replace("_", "-") for name in carrier if name.startswith("HTTP_")]
+
+
+class _MetadataGetter:
+    """W3C headers from gRPC invocation metadata."""
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        values = [value for name, value in carrier.invocation_metadata() if name == key and isinstance(value, str)]
+        return values or None
+
+    def keys(self, carrier: Any) -> list[str]:
+        return [name for name, _ in carrier.invocation_metadata()]
+
+
+ENVIRON_GETTER = _EnvironGetter()
+METADATA_GETTER = _MetadataGetter()
+
+
+def begin(inference: Any, carrier: Any = None, method: str = "") -> None:
+    """Start the request's SERVER span, continuing the client's trace: its trace id, and `inference.trace` when sampled.
+
+    `carrier`: the WSGI environ (None: Flask's request), or the gRPC servicer context with `method`.
+    """
+    try:
+        wall_ns, clock = time.time_ns(), time.perf_counter()
+        if inference.protocol == "grpc":
+            parent = _propagator.extract(carrier, getter=METADATA_GETTER)
+            name = method.lstrip("/")
+            service, _, rpc_method = name.rpartition("/")
+            attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc_method,
+                          "network.protocol.name": "http", "network.protocol.version": "2"}
+            peer = carrier.peer() or ""  # "ipv4:127.0.0.1:5000"
+            if peer:
+                attributes["client.address"] = peer.split(":", 1)[-1].rsplit(":", 1)[0].strip("[]")
+        else:
+            environ = carrier if carrier is not None else _flask_environ()
+            parent = _propagator.extract(environ, getter=ENVIRON_GETTER)
+            path = environ.get("PATH_INFO", "")
+            route = ROUTES.get(inference.api, path)
+            if "/versions/" in path and route is not path:
+                route = route.replace("{model}", "{model}/versions/{version}")
+            http_method = environ.get("REQUEST_METHOD", "POST")
+            name = f"{http_method} {route}"
+            attributes = {"http.request.method": http_method, "url.path": path, "http.route": route,
+                          "network.protocol.name": "http",
+                          "network.protocol.version": environ.get("SERVER_PROTOCOL", "HTTP/1.1").rpartition("/")[2],
+                          "client.address": environ.get("REMOTE_ADDR", "")}
+            host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
+            if host:
+                address, _, port = host.rpartition(":") if host.rpartition(":")[2].isdigit() else (host, "", "")
+                attributes["server.address"] = address.strip("[]")
+                if port:
+                    attributes["server.port"] = int(port)
+        attributes["forkserve.request_id"] = inference.request_id
+        span = _tracer.start_span(name, context=parent, kind=_server_kind, attributes=attributes,
+                                  start_time=wall_ns + int((inference.started - clock) * 1e9))
+        inference.trace_id = format(span.get_span_context().trace_id, "032x")
+        if span.is_recording():
+            trace = RequestTrace(span, wall_ns, clock)
+            waited = inference.stages.get("thread_wait")
+            if waited:
+                trace.stages.append(("thread_wait", inference.started, inference.started + waited))
+            inference.trace = trace
+    except Exception as exc:  # NOTE: a tracing bug costs the trace, never the request
+        _log_once("tracing a request failed: %r", exc)
+
+
+def _flask_environ() -> dict[str, Any]:
+    """The WSGI environ of the Flask request being answered ({} outside one)."""
+    from flask import has_request_context, request
+
+    return request.environ if has_request_context() else {}
+
+
+def note_error(trace: RequestTrace, error: BaseException) -> None:
+    """The failure the request is answered with: its type, and its message when it is one meant for the client."""
+    from server.errors import ApiError
+
+    message = error.message if isinstance(error, ApiError) else "internal error"
+    trace.error = (type(error).__qualname__, message)
+
+
+def end(inference: Any, trace: RequestTrace, status: int) -> None:
+    """End the request's span: its outcome, its model attributes, and its stages as children."""
+    try:
+        span = trace.span
+        span.set_attribute("forkserve.model", inference.model)
+        span.set_attribute("forkserve.model.version", inference.version)
+        span.set_attribute("forkserve.api", inference.api)
+        if trace.rows:
+            span.set_attribute("forkserve.rows", trace.rows)
+        if trace.signature:
+            span.set_attribute("forkserve.signature", trace.signature)
+        failed = status >= 400
+        if inference.protocol == "grpc":
+            code = trace.grpc_code if trace.grpc_code is not None else (0 if status < 400 else 2)
+            span.set_attribute("rpc.grpc.status_code", code)
+            failed = code != 0
+        else:
+            span.set_attribute("http.response.status_code", status)
+        if failed:
+            kind, message = trace.error or (str(status), f"status {status}")
+            span.set_attribute("error.type", kind)
+            if trace.error is not None:
+                span.add_event("exception", {"exception.type": kind, "exception.message": message})
+            span.set_status(_error_status(message))
+        context = _context_with_span(span)
+        for name, started, ended in list(trace.stages):
+            child = _tracer.start_span(name, context=context, start_time=trace.ns(started))
+            child.end(end_time=trace.ns(ended))
+        span.end()
+    except Exception as exc:
+        _log_once("ending a request's span failed: %r", exc)
+
+
+def batch(model: str, jobs: list[Any]) -> None:
+    """One span for a TensorFlow call that served >= 1 sampled request: a child of the first, linked to each."""
+    traced = [job for job in jobs if job.trace is not None]
+    if not traced:
+        return
+    try:
+        wall_ns, clock = time.time_ns(), time.monotonic()
+        started = min(job.started for job in jobs)
+        finished = max(job.finished or clock for job in jobs)
+        attributes = {"forkserve.model": model, "forkserve.signature": jobs[0].signature,
+                      "forkserve.batch.rows": sum(job.rows for job in jobs), "forkserve.batch.jobs": len(jobs),
+                      "forkserve.batch.traced_jobs": len(traced)}
+        first = traced[0].trace
+        span = _tracer.start_span("batch", context=_context_with_span(_non_recording(first)),
+                                  links=[_link(job.trace) for job in traced], attributes=attributes,
+                                  start_time=wall_ns + int((started - clock) * 1e9))
+        span.end(end_time=wall_ns + int((finished - clock) * 1e9))
+    except Exception as exc:
+        _log_once("tracing a batch failed: %r", exc)
+
+
+def _non_recording(span_context: Any) -> Any:
+    """A parent for a span from another thread: the request's span context wrapped as a span."""
+    from opentelemetry.trace import NonRecordingSpan
+
+    return NonRecordingSpan(span_context)
+
+
+def loaded() -> bool:
+    """Whether this process imported the OpenTelemetry SDK (tests, diagnostics)."""
+    return "opentelemetry.sdk.trace" in sys.modules

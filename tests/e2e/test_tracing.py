@@ -1,0 +1,236 @@
+"""OpenTelemetry traces from a real gunicorn to a real OTLP/HTTP receiver (tests/e2e/otlp_receiver.py).
+
+One traced server for the module; its receiver switches mode (200, 503, hanging, closed port) in
+the later tests, so they run in file order. The untraced server is the session's shared one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from tests.e2e.conftest import copy_models
+from tests.e2e.harness import Server, wait_until
+from tests.e2e.otlp_receiver import Receiver, Span
+from tests.e2e.test_metrics import samples, value
+
+ROW = [0.5] * 20
+CONF = """
+[models.mlp]
+max_batch_delay_ms = 40.0
+labels = { stable = 1 }
+"""
+DROPPED = "forkserve_trace_spans_dropped_total"
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    opened = Receiver()
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(scope="module")
+def traced(model_repo: Path, receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One worker exporting to `receiver` every 50 ms, a 1 s export timeout and a small queue."""
+    tmp_path = tmp_path_factory.mktemp("tracing")
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
+    conf = tmp_path / "models.toml"
+    conf.write_text(CONF)
+    server = Server(models_dir=repo, run_dir=tmp_path / "run", conf_path=conf, workers=1, env={
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "OTEL_SERVICE_NAME": "forkserve-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_BSP_MAX_QUEUE_SIZE": "64", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "32",
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1", "FORKSERVE_ACCESS_LOG": "1",
+    }).start()
+    yield server
+    server.stop()
+
+
+def traceparent() -> tuple[str, str, str]:
+    """(header, trace id, parent span id) of a sampled client span."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{trace_id}-{span_id}-01", trace_id, span_id
+
+
+def server_span(receiver: Receiver, trace_id: str) -> Span:
+    """The SERVER span of the request of `trace_id` (waited for)."""
+    return wait_until(lambda: next((s for s in receiver.in_trace(trace_id) if s.kind == 2), None), 10,
+                      f"the server span of {trace_id}")
+
+
+def children(receiver: Receiver, parent: Span) -> dict[str, Span]:
+    return {span.name: span for span in receiver.in_trace(parent.trace_id) if span.parent_id == parent.span_id}
+
+
+def test_a_rest_predict_continues_the_clients_trace(traced: Server, receiver: Receiver) -> None:
+    header, trace_id, parent_id = traceparent()
+    answer = traced.post("/v1/models/mlp:predict", json={"instances": [ROW]},
+                         headers={"traceparent": header, "X-Request-Id": "trace-rest-1"})
+    assert answer.status_code == 200 and answer.headers["X-Trace-Id"] == trace_id
+    span = server_span(receiver, trace_id)
+    assert span.parent_id == parent_id and span.name == "POST /v1/models/{model}:predict"
+    assert span.service == "forkserve-test"
+    assert {"http.request.method": "POST", "url.path": "/v1/models/mlp:predict", "http.route": "/v1/models/{model}:predict",
+            "http.response.status_code": 200, "network.protocol.name": "http", "network.protocol.version": "1.1",
+            "server.address": "127.0.0.1", "server.port": traced.port, "client.address": "127.0.0.1",
+            "forkserve.model": "mlp", "forkserve.model.version": "1", "forkserve.rows": 1,
+            "forkserve.signature": "serving_default", "forkserve.request_id": "trace-rest-1"}.items() <= span.attributes.items()
+    stages = wait_until(lambda: (found := children(receiver, span)) and {"decode", "queue", "compute", "encode"} <= found.keys()
+                        and found, 10, "the stage spans")
+    for stage in stages.values():  # inside the request (1 ms of slack: two clocks meet here)
+        assert span.start_ns - 1_000_000 <= stage.start_ns <= stage.end_ns <= span.end_ns + 1_000_000, stage
+    assert stages["queue"].end_ns <= stages["compute"].start_ns + 1_000_000
+    wait_until(lambda: re.search(rf"rid=trace-rest-1 version=1 trace={trace_id}$", traced.log(), re.M), 10, "the access line")
+
+
+def test_flask_views_and_v2_are_traced_too(traced: Server, receiver: Receiver) -> None:
+    header, trace_id, parent_id = traceparent()
+    answer = traced.post("/v1/models/mlp/labels/stable:predict", json={"instances": [ROW]}, headers={"traceparent": header})
+    assert answer.status_code == 200 and answer.headers["X-Trace-Id"] == trace_id
+    assert server_span(receiver, trace_id).parent_id == parent_id
+    header, trace_id, parent_id = traceparent()
+    body = {"inputs": [{"name": "features", "shape": [1, 20], "datatype": "FP32", "data": ROW}]}
+    answer = traced.post("/v2/models/mlp/versions/1/infer", json=body, headers={"traceparent": header})
+    assert answer.status_code == 200 and answer.headers["X-Trace-Id"] == trace_id
+    span = server_span(receiver, trace_id)
+    assert span.parent_id == parent_id and span.attributes["http.route"] == "/v2/models/{model}/versions/{version}/infer"
+    assert {"decode", "queue", "compute", "encode"} <= wait_until(lambda: children(receiver, span).keys(), 10, "children")
+
+
+def test_without_traceparent_a_request_starts_a_trace(traced: Server, receiver: Receiver) -> None:
+    answer = traced.post("/v1/models/mlp:predict", json={"instances": [ROW]})
+    trace_id = answer.headers["X-Trace-Id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", trace_id) and server_span(receiver, trace_id).parent_id == ""
+
+
+def grpc_predict(server: Server, metadata: tuple, rows: list) -> tuple[grpc.Call | grpc.RpcError, dict]:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "mlp"
+    request.inputs["features"].CopyFrom(tf.make_tensor_proto(rows, dtype=tf.float32))
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        try:
+            _, call = stub.Predict.with_call(request, metadata=metadata, timeout=30)
+        except grpc.RpcError as error:
+            call = error
+    return call, dict(call.trailing_metadata() or ())
+
+
+def test_a_grpc_predict_continues_the_clients_trace(traced: Server, receiver: Receiver) -> None:
+    header, trace_id, parent_id = traceparent()
+    call, trailing = grpc_predict(traced, (("traceparent", header), ("x-request-id", "trace-grpc-1")), [ROW])
+    assert call.code() == grpc.StatusCode.OK and trailing["x-trace-id"] == trace_id
+    span = server_span(receiver, trace_id)
+    assert span.parent_id == parent_id and span.name == "tensorflow.serving.PredictionService/Predict"
+    assert {"rpc.system": "grpc", "rpc.service": "tensorflow.serving.PredictionService", "rpc.method": "Predict",
+            "rpc.grpc.status_code": 0, "forkserve.model": "mlp", "forkserve.rows": 1}.items() <= span.attributes.items()
+    assert {"decode", "queue", "compute"} <= wait_until(lambda: children(receiver, span).keys(), 10, "children")
+    wait_until(lambda: re.search(rf"rid=trace-grpc-1 version=1 grpc=OK trace={trace_id}$", traced.log(), re.M), 10, "the line")
+
+
+def test_failed_requests_carry_the_error(traced: Server, receiver: Receiver) -> None:
+    header, trace_id, _ = traceparent()
+    answer = traced.post("/v1/models/mlp:predict", json={"instances": [[0.5] * 3]}, headers={"traceparent": header})
+    assert answer.status_code == 400 and answer.headers["X-Trace-Id"] == trace_id
+    span = server_span(receiver, trace_id)
+    assert span.status_code == 2 and span.status_message == answer.json()["error"]
+    assert span.attributes["http.response.status_code"] == 400 and span.attributes["error.type"] == "InvalidArgument"
+    assert [name for name, _ in span.events] == ["exception"]
+    header, trace_id, _ = traceparent()
+    call, trailing = grpc_predict(traced, (("traceparent", header),), [[0.5] * 3])
+    assert call.code() == grpc.StatusCode.INVALID_ARGUMENT and trailing["x-trace-id"] == trace_id
+    span = server_span(receiver, trace_id)
+    assert span.status_code == 2 and span.attributes["rpc.grpc.status_code"] == 3
+    assert span.attributes["error.type"] == "InvalidArgument"
+
+
+def test_a_batch_span_links_every_request_it_served(traced: Server, receiver: Receiver) -> None:
+    parents = [traceparent() for _ in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: traced.post("/v1/models/mlp:predict", json={"instances": [ROW, ROW]},
+                                                      headers={"traceparent": p[0]}), parents))
+    assert all(answer.status_code == 200 for answer in answers)
+    requests_ = {trace_id: server_span(receiver, trace_id) for _, trace_id, _ in parents}
+    wanted = {(span.trace_id, span.span_id) for span in requests_.values()}
+
+    def batches() -> list[Span]:
+        found = [span for span in receiver.spans if span.name == "batch" and set(span.links) & wanted]
+        return found if wanted <= {link for span in found for link in span.links} else []
+
+    found = wait_until(batches, 10, "batch spans linking every request")
+    assert max(len(span.links) for span in found) >= 2, found  # 40 ms of delay: some requests shared a call
+    for span in found:
+        first = span.links[0]
+        assert (span.trace_id, span.parent_id) == first  # a child of the first request it served
+        assert span.attributes["forkserve.batch.rows"] == 2 * span.attributes["forkserve.batch.jobs"]
+        assert span.attributes["forkserve.model"] == "mlp" and span.start_ns <= span.end_ns
+
+
+def predict_fast(server: Server, count: int) -> float:
+    """The slowest of `count` predicts, each of which must answer 200."""
+    slowest = 0.0
+    for _ in range(count):
+        started = time.monotonic()
+        assert server.post("/v1/models/mlp:predict", json={"instances": [ROW]}).status_code == 200
+        slowest = max(slowest, time.monotonic() - started)
+    return slowest
+
+
+@pytest.mark.parametrize("mode", ["503", "hang"])
+def test_an_exporter_refusing_or_hanging_never_slows_a_request(traced: Server, receiver: Receiver, mode: str) -> None:
+    before = samples(traced)
+    receiver.mode = mode
+    try:
+        assert predict_fast(traced, 40) < 0.5
+        reason = "queue_full" if mode == "hang" else "export_failed"  # hanging: the small queue fills while it waits
+        wait_until(lambda: value(samples(traced), DROPPED, reason=reason) > value(before, DROPPED, reason=reason), 15,
+                   f"spans dropped ({reason})")
+    finally:
+        receiver.mode = "ok"
+
+
+def test_a_stopping_worker_waits_for_a_hanging_endpoint_briefly(traced: Server, receiver: Receiver) -> None:
+    receiver.mode = "hang"
+    assert predict_fast(traced, 5) < 0.5
+    wait_until(lambda: receiver.posts and time.sleep(0.2) is None, 5, "an export in flight")
+    worker = traced.worker_pids()[0]
+    started = time.monotonic()
+    os.kill(worker, signal.SIGTERM)
+    traced.wait_reaped(worker)
+    assert time.monotonic() - started < 6  # gunicorn's own stop plus EXIT_FLUSH_S, not the 1 s timeout per retry
+    receiver.mode = "ok"
+    traced.wait_workers_loaded(1)
+
+
+def test_an_exporter_that_is_down_never_slows_a_request(traced: Server, receiver: Receiver) -> None:
+    before = samples(traced)
+    receiver.close()  # the port refuses from now on
+    assert predict_fast(traced, 20) < 0.5
+    wait_until(lambda: value(samples(traced), DROPPED, reason="export_failed") > value(before, DROPPED, reason="export_failed"),
+               15, "spans dropped (export_failed)")
+
+
+def test_the_master_never_loads_the_sdk(traced: Server) -> None:
+    assert traced.process is not None
+    master_maps = Path(f"/proc/{traced.process.pid}/maps").read_text()
+    worker_maps = Path(f"/proc/{traced.worker_pids()[0]}/maps").read_text()
+    assert "_upb" in worker_maps and "_upb" not in master_maps  # protobuf (OTLP's, gRPC's): worker-only
+    assert "exports traces to" in traced.log()
+
+
+def test_tracing_off_adds_nothing(server: Server) -> None:
+    header, _, _ = traceparent()
+    answer = server.post("/v1/models/mlp:predict", json={"instances": [ROW]}, headers={"traceparent": header})
+    assert answer.status_code == 200 and "X-Trace-Id" not in answer.headers
+    assert "exports traces to" not in server.log() and " trace=" not in server.log()
