@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import re
 import sys
 import threading
 import time
@@ -43,6 +45,10 @@ _context_with_span: Any = None
 _error_status: Any = None
 _link: Any = None
 _server_kind: Any = None
+_root_bound: int | None = None  # parent-based ratio sampler: a root trace id is sampled when its low 64 bits are below
+_preset = threading.local()  # the trace id begin() drew for a root it decided to sample (_PresetIds hands it to the SDK)
+LOW_64 = (1 << 64) - 1
+TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$")  # the SDK's
 ERROR_LIMIT = LineLimit(per_second=1)
 
 
@@ -73,12 +79,13 @@ def wanted(environ: dict[str, str] | os._Environ = os.environ) -> bool:
 
 def start() -> bool:
     """Worker, after fork: the SDK with an OTLP/HTTP exporter behind a bounded batch processor; False when off."""
-    global ENABLED, _tracer, _propagator, _processor, _context_with_span, _error_status, _link, _server_kind
+    global ENABLED, _tracer, _propagator, _processor, _context_with_span, _error_status, _link, _server_kind, _root_bound
     if ENABLED or not wanted():
         return ENABLED
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -86,7 +93,19 @@ def start() -> bool:
     resource = Resource.create()
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
-    provider = TracerProvider(resource=resource, sampler=_sampler())
+    sampler, _root_bound = _sampler()
+
+    class _PresetIds(RandomIdGenerator):
+        """Random ids, except the root trace id begin() already drew and sampled on this thread."""
+
+        def generate_trace_id(self) -> int:
+            preset = getattr(_preset, "trace_id", 0)
+            if preset:
+                _preset.trace_id = 0
+                return preset
+            return super().generate_trace_id()
+
+    provider = TracerProvider(resource=resource, sampler=sampler, id_generator=_PresetIds())
     _processor = BatchSpanProcessor(_CountingExporter(OTLPSpanExporter()))
     _count_queue_drops(_processor)
     provider.add_span_processor(_processor)
@@ -100,17 +119,41 @@ def start() -> bool:
     return True
 
 
-def _sampler() -> Any:
-    """OTEL_TRACES_SAMPLER when set (the SDK reads it); else parentbased_traceidratio at OTEL_TRACES_SAMPLER_ARG (1.0)."""
-    if os.environ.get("OTEL_TRACES_SAMPLER"):
-        return None
-    from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
+def _sampler() -> tuple[Any, int | None]:
+    """(sampler, root bound): parentbased_traceidratio at OTEL_TRACES_SAMPLER_ARG (1.0) unless OTEL_TRACES_SAMPLER names another.
+
+    The bound lets begin() decide as this sampler would before any SDK call (None: another sampler, the SDK decides).
+    """
+    named = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if named and named != "parentbased_traceidratio":
+        return None, None  # the SDK reads the variables itself
+    from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio, TraceIdRatioBased
 
     try:
-        ratio = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
+        ratio = min(1.0, max(0.0, float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))))
     except ValueError:
         ratio = 1.0
-    return ParentBasedTraceIdRatio(min(1.0, max(0.0, ratio)))
+    return ParentBasedTraceIdRatio(ratio), TraceIdRatioBased.get_bound_for_rate(ratio)
+
+
+def parse_traceparent(header: str) -> tuple[int, bool] | None:
+    """(trace id, sampled flag) of a W3C traceparent; None when absent or invalid, by the SDK propagator's rules."""
+    match = TRACEPARENT.search(header) if 0 < len(header) <= 512 else None
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if trace_id == "0" * 32 or span_id == "0" * 16 or version == "ff" or (version == "00" and rest):
+        return None
+    return int(trace_id, 16), bool(int(flags, 16) & 1)
+
+
+def pre_sample(header: str, bound: int) -> tuple[int, bool, bool]:
+    """(trace id, sampled, root) as the parent-based ratio sampler will decide them, for a request with `header`."""
+    parent = parse_traceparent(header)
+    if parent is not None:
+        return parent[0], parent[1], False
+    trace_id = random.getrandbits(128) or 1
+    return trace_id, (trace_id & LOW_64) < bound, True
 
 
 def stop() -> None:
@@ -218,6 +261,14 @@ def begin(inference: Any, carrier: Any = None, method: str = "") -> None:
     `carrier`: the WSGI environ (None: Flask's request), or the gRPC servicer context with `method`.
     """
     try:
+        if _root_bound is not None:  # NOTE: an unsampled request (most, at a low ratio) must cost a trace id, no SDK call
+            header = _traceparent(inference, carrier)
+            trace_id, sampled, root = pre_sample(header, _root_bound)
+            if not sampled:
+                inference.trace_id = format(trace_id, "032x")
+                return
+            if root:
+                _preset.trace_id = trace_id
         wall_ns, clock = time.time_ns(), time.perf_counter()
         if inference.protocol == "grpc":
             parent = _propagator.extract(carrier, getter=METADATA_GETTER)
@@ -258,7 +309,16 @@ def begin(inference: Any, carrier: Any = None, method: str = "") -> None:
                 trace.stages.append(("thread_wait", inference.started, inference.started + waited))
             inference.trace = trace
     except Exception as exc:  # NOTE: a tracing bug costs the trace, never the request
+        _preset.trace_id = 0
         _log_once("tracing a request failed: %r", exc)
+
+
+def _traceparent(inference: Any, carrier: Any) -> str:
+    """The request's traceparent header ("" when it has none)."""
+    if inference.protocol == "grpc":
+        return next((value for name, value in carrier.invocation_metadata() if name == "traceparent" and isinstance(value, str)), "")
+    environ = carrier if carrier is not None else _flask_environ()
+    return environ.get("HTTP_TRACEPARENT", "")
 
 
 def _flask_environ() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tests.e2e.conftest import copy_models
 from tests.e2e.harness import Server, wait_until
 from tests.e2e.otlp_receiver import Receiver, Span
+from server.cli.payloads import records
 from tests.e2e.test_metrics import samples, value
 
 ROW = [0.5] * 20
@@ -234,3 +235,48 @@ def test_tracing_off_adds_nothing(server: Server) -> None:
     answer = server.post("/v1/models/mlp:predict", json={"instances": [ROW]}, headers={"traceparent": header})
     assert answer.status_code == 200 and "X-Trace-Id" not in answer.headers
     assert "exports traces to" not in server.log() and " trace=" not in server.log()
+
+
+@pytest.fixture(scope="module")
+def sparse_receiver() -> Iterator[Receiver]:
+    opened = Receiver()
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(scope="module")
+def sparse(model_repo: Path, sparse_receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Sampler ratio 0 (only a sampled parent is traced) and every request's payload logged to a file."""
+    tmp_path = tmp_path_factory.mktemp("tracing-sparse")
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
+    conf = tmp_path / "models.toml"
+    conf.write_text("[models.mlp]\npayload_log = { sample = 1.0 }\n")
+    server = Server(models_dir=repo, run_dir=tmp_path / "run", conf_path=conf, workers=1, env={
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sparse_receiver.port}", "OTEL_TRACES_SAMPLER_ARG": "0",
+        "OTEL_BSP_SCHEDULE_DELAY": "50", "FORKSERVE_ACCESS_LOG": "1",
+        "FORKSERVE_PAYLOAD_LOG": f"file:{tmp_path / 'payloads'}",
+    }).start()
+    server.payloads = tmp_path / "payloads"  # type: ignore[attr-defined]
+    yield server
+    server.stop()
+
+
+def test_unsampled_requests_get_a_trace_id_and_export_nothing(sparse: Server, sparse_receiver: Receiver) -> None:
+    roots = [sparse.post("/v1/models/mlp:predict", json={"instances": [ROW]}, headers={"X-Request-Id": f"sparse-{n}"})
+             for n in range(10)]
+    root_ids = [answer.headers["X-Trace-Id"] for answer in roots]
+    assert all(answer.status_code == 200 for answer in roots) and len(set(root_ids)) == 10
+    assert all(re.fullmatch(r"[0-9a-f]{32}", trace_id) for trace_id in root_ids)
+    unsampled_parent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-00"
+    answer = sparse.post("/v1/models/mlp:predict", json={"instances": [ROW]}, headers={"traceparent": unsampled_parent})
+    assert answer.headers["X-Trace-Id"] == unsampled_parent[3:35]  # the client's trace, not recorded here either
+    header, trace_id, parent_id = traceparent()  # a sampled parent is followed whatever the ratio
+    assert sparse.post("/v1/models/mlp:predict", json={"instances": [ROW]}, headers={"traceparent": header}).status_code == 200
+    assert server_span(sparse_receiver, trace_id).parent_id == parent_id
+    # the exporter sends in order: the sampled request's spans arrived, so the earlier requests had none
+    assert {span.trace_id for span in sparse_receiver.spans} == {trace_id}
+    wait_until(lambda: re.search(rf"rid=sparse-9 version=1 trace={root_ids[9]}$", sparse.log(), re.M), 10, "the access line")
+    payloads = sparse.payloads  # type: ignore[attr-defined]
+    logged = wait_until(lambda: (found := {r["request_id"]: r for r in records(payloads)}) and len(found) >= 12 and found,
+                        10, "the payload records")
+    assert [logged[f"sparse-{n}"]["trace_id"] for n in range(10)] == root_ids  # a record quotes the trace id the client got

@@ -1,0 +1,51 @@
+"""The cheap sampling decision tracing.begin() makes before any SDK call agrees with the SDK's own."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.sampling import Decision, ParentBasedTraceIdRatio, TraceIdRatioBased
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from server.telemetry import tracing
+
+TRACE, SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+HEADERS = [
+    f"00-{TRACE}-{SPAN}-01", f"00-{TRACE}-{SPAN}-00", f"00-{TRACE}-{SPAN}-03", f"  00-{TRACE}-{SPAN}-01 ",
+    f"01-{TRACE}-{SPAN}-01-future", f"00-{TRACE}-{SPAN}-01-extra", f"ff-{TRACE}-{SPAN}-01",
+    f"00-{'0' * 32}-{SPAN}-01", f"00-{TRACE}-{'0' * 16}-01", f"00-{TRACE.upper()}-{SPAN}-01",
+    f"00-{TRACE[:-1]}-{SPAN}-01", "", "garbage", f"00-{TRACE}-{SPAN}-0x", "00-" + "a" * 600,
+]
+
+
+def propagated(header: str) -> tuple[int, bool] | None:
+    """What the SDK's propagator makes of `header`: (trace id, sampled) of a valid parent, else None."""
+    context = TraceContextTextMapPropagator().extract({"traceparent": header} if header else {})
+    parent = trace.get_current_span(context).get_span_context()
+    return (parent.trace_id, parent.trace_flags.sampled) if parent.is_valid else None
+
+
+@pytest.mark.parametrize("header", HEADERS)
+def test_traceparent_is_read_as_the_sdk_reads_it(header: str) -> None:
+    assert tracing.parse_traceparent(header) == propagated(header)
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.01, 0.5, 1.0])
+def test_root_decisions_match_the_parent_based_ratio_sampler(ratio: float) -> None:
+    sampler, bound = ParentBasedTraceIdRatio(ratio), TraceIdRatioBased.get_bound_for_rate(ratio)
+    random.seed(21)
+    decided = []
+    for _ in range(2000):
+        trace_id, sampled, root = tracing.pre_sample("", bound)
+        assert root and 0 < trace_id < 1 << 128
+        assert sampled == (sampler.should_sample(None, trace_id, "x").decision == Decision.RECORD_AND_SAMPLE)
+        decided.append(sampled)
+    assert sum(decided) == pytest.approx(2000 * ratio, abs=2000 * 0.02 + 1)
+
+
+def test_a_parent_decides_for_its_children() -> None:
+    bound = TraceIdRatioBased.get_bound_for_rate(0.0)
+    assert tracing.pre_sample(f"00-{TRACE}-{SPAN}-01", bound) == (int(TRACE, 16), True, False)
+    assert tracing.pre_sample(f"00-{TRACE}-{SPAN}-00", TraceIdRatioBased.get_bound_for_rate(1.0)) == (int(TRACE, 16), False, False)
