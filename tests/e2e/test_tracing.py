@@ -17,11 +17,13 @@ from typing import Iterator
 
 import grpc
 import pytest
+import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.e2e.conftest import copy_models
 from tests.e2e.harness import Server, wait_until
+from tests.e2e.nginx import Nginx
 from tests.e2e.otlp_receiver import Receiver, Span
 from server.cli.payloads import records
 from tests.e2e.test_metrics import samples, value
@@ -280,3 +282,31 @@ def test_unsampled_requests_get_a_trace_id_and_export_nothing(sparse: Server, sp
     logged = wait_until(lambda: (found := {r["request_id"]: r for r in records(payloads)}) and len(found) >= 12 and found,
                         10, "the payload records")
     assert [logged[f"sparse-{n}"]["trace_id"] for n in range(10)] == root_ids  # a record quotes the trace id the client got
+
+
+def test_nginx_passes_the_trace_through_and_can_start_one(sparse: Server, sparse_receiver: Receiver, tmp_path: Path) -> None:
+    shipped = Nginx(tmp_path / "shipped", [sparse.port])
+    try:
+        header, trace_id, parent_id = traceparent()
+        answer = requests.post(f"{shipped.url}/v1/models/mlp:predict", json={"instances": [ROW]},
+                               headers={"traceparent": header, "tracestate": "vendor=1"}, timeout=30)
+        assert answer.ok and answer.headers["X-Trace-Id"] == trace_id
+        assert server_span(sparse_receiver, trace_id).parent_id == parent_id
+        assert requests.post(f"{shipped.url}/v1/models/mlp:predict", json={"instances": [ROW]}, timeout=30).ok
+    finally:
+        shipped.stop()
+    starting = Nginx(tmp_path / "starting", [sparse.port], edits={  # the config's commented lines, uncommented
+        "    # map $request_id": "    map $request_id", "    # map $http_traceparent": "    map $http_traceparent",
+        "# proxy_set_header traceparent": "proxy_set_header traceparent"})
+    try:
+        answer = requests.post(f"{starting.url}/v1/models/mlp:predict", json={"instances": [ROW]}, timeout=30)
+        trace_id = answer.headers["X-Trace-Id"]
+        assert answer.ok and trace_id == answer.headers["X-Request-Id"]  # nginx's $request_id is both
+        span = server_span(sparse_receiver, trace_id)  # flag 01: recorded although the server's ratio is 0
+        assert span.parent_id == trace_id[:16]
+        header, client_trace, _ = traceparent()
+        answer = requests.post(f"{starting.url}/v1/models/mlp:predict", json={"instances": [ROW]},
+                               headers={"traceparent": header}, timeout=30)
+        assert answer.headers["X-Trace-Id"] == client_trace  # a client's own trace still wins
+    finally:
+        starting.stop()
