@@ -44,18 +44,22 @@ def receiver() -> Iterator[Receiver]:
     opened.close()
 
 
+def mlp_server(model_repo: Path, tmp_path: Path, conf_text: str, env: dict[str, str]) -> Server:
+    """One worker serving a copy of mlp with `conf_text` as its models.toml (started)."""
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
+    conf = tmp_path / "models.toml"
+    conf.write_text(conf_text)
+    return Server(models_dir=repo, run_dir=tmp_path / "run", conf_path=conf, workers=1, env=env).start()
+
+
 @pytest.fixture(scope="module")
 def traced(model_repo: Path, receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One worker exporting to `receiver` every 50 ms, a 1 s export timeout and a small queue."""
-    tmp_path = tmp_path_factory.mktemp("tracing")
-    repo = copy_models(model_repo, tmp_path / "models", "mlp")
-    conf = tmp_path / "models.toml"
-    conf.write_text(CONF)
-    server = Server(models_dir=repo, run_dir=tmp_path / "run", conf_path=conf, workers=1, env={
+    server = mlp_server(model_repo, tmp_path_factory.mktemp("tracing"), CONF, {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "OTEL_SERVICE_NAME": "forkserve-test",
         "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_BSP_MAX_QUEUE_SIZE": "64", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "32",
         "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1", "FORKSERVE_ACCESS_LOG": "1",
-    }).start()
+    })
     yield server
     server.stop()
 
@@ -250,14 +254,11 @@ def sparse_receiver() -> Iterator[Receiver]:
 def sparse(model_repo: Path, sparse_receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Sampler ratio 0 (only a sampled parent is traced) and every request's payload logged to a file."""
     tmp_path = tmp_path_factory.mktemp("tracing-sparse")
-    repo = copy_models(model_repo, tmp_path / "models", "mlp")
-    conf = tmp_path / "models.toml"
-    conf.write_text("[models.mlp]\npayload_log = { sample = 1.0 }\n")
-    server = Server(models_dir=repo, run_dir=tmp_path / "run", conf_path=conf, workers=1, env={
+    server = mlp_server(model_repo, tmp_path, "[models.mlp]\npayload_log = { sample = 1.0 }\n", {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sparse_receiver.port}", "OTEL_TRACES_SAMPLER_ARG": "0",
         "OTEL_BSP_SCHEDULE_DELAY": "50", "FORKSERVE_ACCESS_LOG": "1",
         "FORKSERVE_PAYLOAD_LOG": f"file:{tmp_path / 'payloads'}",
-    }).start()
+    })
     server.payloads = tmp_path / "payloads"  # type: ignore[attr-defined]
     yield server
     server.stop()
