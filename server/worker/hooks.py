@@ -80,12 +80,14 @@ def post_worker_init(worker: Any) -> None:
             registry.load_all(intra, settings.inter_op_threads, loading, stopping=lambda: not worker.alive)
     except Exception:  # NOTE: a bug here must not halt the server; the worker reports not ready
         worker.log.exception("forkserve: loading models failed")
+    start_tracing(worker)
+    start_payload_log(worker, registry, settings)
+    # NOTE: after tracing (the OTel SDK's imports, ~12,000 objects, frozen too) and before gRPC
+    # listens: the collection before the freeze takes up to ~0.2 s and must not stall its calls.
     if settings.gc_freeze:
         worker.log.info("forkserve worker %s froze %d loaded objects out of the garbage collector's reach",
                         pid, freeze_the_loaded_heap())
-    start_tracing(worker)
     start_grpc(worker, registry, settings)
-    start_payload_log(worker, registry, settings)
     from server.telemetry import metrics
 
     ready, report = registry.readiness()
