@@ -311,3 +311,8 @@ def test_nginx_passes_the_trace_through_and_can_start_one(sparse: Server, sparse
         assert answer.headers["X-Trace-Id"] == client_trace  # a client's own trace still wins
     finally:
         starting.stop()
+
+
+def test_the_sdk_is_frozen_with_the_loaded_heap(traced: Server) -> None:
+    log = traced.log()  # the SDK's imports out of full collections: tracing starts before the freeze
+    assert log.index("exports traces to") < log.index("froze")
