@@ -7,6 +7,7 @@ class ApiError(Exception):
     """A request failed for a reason the client should read; `status` is the HTTP code."""
 
     status = 500
+    quotes_user_code = False  # the message is a handler's text, which may quote the request (kept out of traces)
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)

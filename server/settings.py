@@ -153,6 +153,7 @@ class Settings:
     payload_log: str = ""  # FORKSERVE_PAYLOAD_LOG: "file:DIR", "http(s)://URL" or "" (off; server.telemetry.payloads)
     payload_log_max_mb: float = 100.0  # FORKSERVE_PAYLOAD_LOG_MAX_MB: a worker's file is rotated past this size
     payload_log_queue: int = 1000  # FORKSERVE_PAYLOAD_LOG_QUEUE: records waiting for the writer; more are dropped
+    payload_log_queue_mb: float = 64.0  # FORKSERVE_PAYLOAD_LOG_QUEUE_MB: ... and their bytes (bodies reach 32 MiB each)
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -196,6 +197,7 @@ class Settings:
             payload_log=_payload_sink(os.environ.get("FORKSERVE_PAYLOAD_LOG", "")),
             payload_log_max_mb=_env_seconds("FORKSERVE_PAYLOAD_LOG_MAX_MB", 100.0),  # NOTE: "seconds": any positive number
             payload_log_queue=_env_int("FORKSERVE_PAYLOAD_LOG_QUEUE", 1000) or 1000,
+            payload_log_queue_mb=_env_seconds("FORKSERVE_PAYLOAD_LOG_QUEUE_MB", 64.0),
         )
 
     @classmethod

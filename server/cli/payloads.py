@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import re
@@ -23,19 +24,36 @@ def log_files(directory: Path) -> list[Path]:
 
 
 def records(directory: Path, model: str | None = None) -> Iterator[dict[str, Any]]:
-    """The records in arrival-time order; a line a full disk cut short is skipped."""
-    found = []
-    for path in log_files(directory):
-        with open(path, encoding="utf-8", errors="replace") as lines:
+    """The records in arrival-time order; a line a full disk cut short is skipped.
+
+    Two passes, so memory holds an index entry per record, not the records (a worker keeps up to
+    6 x FORKSERVE_PAYLOAD_LOG_MAX_MB): read every line for its time, sort, then read each again.
+    """
+    with contextlib.ExitStack() as stack:
+        opened = [stack.enter_context(open(path, "rb")) for path in log_files(directory)]
+        index: list[tuple[str, int, int]] = []  # (time, file, offset)
+        for number, lines in enumerate(opened):
+            offset = 0
             for line in lines:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(record, dict) and (model is None or record.get("model") == model):
-                    found.append(record)
-    found.sort(key=lambda record: str(record.get("time", "")))
-    yield from found
+                record = _parsed(line)
+                if record is not None and (model is None or record.get("model") == model):
+                    index.append((str(record.get("time", "")), number, offset))
+                offset += len(line)
+        index.sort()
+        for _, number, offset in index:
+            opened[number].seek(offset)
+            record = _parsed(opened[number].readline())
+            if record is not None:
+                yield record
+
+
+def _parsed(line: bytes) -> dict[str, Any] | None:
+    """One line's record; None for a line that is not one (cut short, not JSON, not an object)."""
+    try:
+        record = json.loads(line.decode("utf-8", "replace"))
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def write_table(rows: Iterator[dict[str, Any]], out: TextIO, form: str) -> int:

@@ -48,6 +48,12 @@ MODEL_STEP = "the model"
 FLOW_GRACE_S = 0.05
 
 
+class HandlerRefused(InvalidArgument):
+    """The handler raised about the request (400): the message is the handler's own words."""
+
+    quotes_user_code = True
+
+
 class HandlerFailed(Exception):
     """The handler raised or returned what answers its request 500: a bug in handler.py (the cause is chained)."""
 
@@ -137,7 +143,7 @@ class _Flow:
         try:
             return method(*args)
         except CLIENT_ERRORS[step] as error:
-            raise InvalidArgument(_client_message(self.version, step, error)) from None
+            raise HandlerRefused(_client_message(self.version, step, error)) from None
         except BaseException as error:  # NOTE: SystemExit, KeyboardInterrupt too: a 500 for this request only
             raise HandlerFailed(f"{_name(self.version)}: Handler.{step} raised {describe_failure(error)}") from error
 

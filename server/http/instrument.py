@@ -103,23 +103,26 @@ def stage(name: str, seconds: float, end: float | None = None) -> None:
     inference = _CURRENT.get()
     if inference is not None:
         inference.stages[name] = inference.stages.get(name, 0.0) + seconds
-        if inference.trace is not None:
+        trace = inference.trace  # NOTE: read once: after a 504, record() clears it while a handler's flow still runs
+        if trace is not None:
             end = time.perf_counter() if end is None else end
-            inference.trace.stages.append((name, end - seconds, end))
+            trace.stages.append((name, end - seconds, end))
 
 
 def note_error(error: BaseException) -> None:
     """The failure this request is answered with (its span records the type and the client's message)."""
     inference = _CURRENT.get()
-    if inference is not None and inference.trace is not None:
-        tracing.note_error(inference.trace, error)
+    trace = inference.trace if inference is not None else None
+    if trace is not None:
+        tracing.note_error(trace, error)
 
 
 def note_grpc_status(code: int) -> None:
     """The gRPC status this call is answered with (its span's rpc.grpc.status_code)."""
     inference = _CURRENT.get()
-    if inference is not None and inference.trace is not None:
-        inference.trace.grpc_code = code
+    trace = inference.trace if inference is not None else None
+    if trace is not None:
+        trace.grpc_code = code
 
 
 def finish(response: Response) -> Response:

@@ -160,8 +160,8 @@ def stop() -> None:
     """Worker exit: export what is queued, for EXIT_FLUSH_S at most."""
     if _processor is None:
         return
-    flushing = threading.Thread(target=_processor.shutdown, kwargs={"timeout_millis": EXIT_FLUSH_S * 1000},
-                                name="trace-exit-flush", daemon=True)
+    # NOTE: BatchSpanProcessor.shutdown() takes no timeout (SDK 1.45): the bounded join below is the limit
+    flushing = threading.Thread(target=_processor.shutdown, name="trace-exit-flush", daemon=True)
     flushing.start()
     flushing.join(EXIT_FLUSH_S + 0.5)
 
@@ -289,6 +289,7 @@ def begin(inference: Any, carrier: Any = None, method: str = "") -> None:
             http_method = environ.get("REQUEST_METHOD", "POST")
             name = f"{http_method} {route}"
             attributes = {"http.request.method": http_method, "url.path": path, "http.route": route,
+                          "url.scheme": environ.get("wsgi.url_scheme", "http"),
                           "network.protocol.name": "http",
                           "network.protocol.version": environ.get("SERVER_PROTOCOL", "HTTP/1.1").rpartition("/")[2],
                           "client.address": environ.get("REMOTE_ADDR", "")}
@@ -329,10 +330,15 @@ def _flask_environ() -> dict[str, Any]:
 
 
 def note_error(trace: RequestTrace, error: BaseException) -> None:
-    """The failure the request is answered with: its type, and its message when it is one meant for the client."""
+    """The failure the request is answered with: its type, and forkserve's message to the client (never a handler's, never the payload)."""
     from server.errors import ApiError
 
-    message = error.message if isinstance(error, ApiError) else "internal error"
+    if not isinstance(error, ApiError):
+        message = "internal error"
+    elif error.quotes_user_code:
+        message = "refused by the model's handler (its message is in the response, not in the trace)"
+    else:
+        message = error.message
     trace.error = (type(error).__qualname__, message)
 
 

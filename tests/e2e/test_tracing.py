@@ -89,7 +89,7 @@ def test_a_rest_predict_continues_the_clients_trace(traced: Server, receiver: Re
     assert span.parent_id == parent_id and span.name == "POST /v1/models/{model}:predict"
     assert span.service == "forkserve-test"
     assert {"http.request.method": "POST", "url.path": "/v1/models/mlp:predict", "http.route": "/v1/models/{model}:predict",
-            "http.response.status_code": 200, "network.protocol.name": "http", "network.protocol.version": "1.1",
+            "http.response.status_code": 200, "url.scheme": "http", "network.protocol.name": "http", "network.protocol.version": "1.1",
             "server.address": "127.0.0.1", "server.port": traced.port, "client.address": "127.0.0.1",
             "forkserve.model": "mlp", "forkserve.model.version": "1", "forkserve.rows": 1,
             "forkserve.signature": "serving_default", "forkserve.request_id": "trace-rest-1"}.items() <= span.attributes.items()
@@ -316,3 +316,21 @@ def test_nginx_passes_the_trace_through_and_can_start_one(sparse: Server, sparse
 def test_the_sdk_is_frozen_with_the_loaded_heap(traced: Server) -> None:
     log = traced.log()  # the SDK's imports out of full collections: tracing starts before the freeze
     assert log.index("exports traces to") < log.index("froze")
+
+
+def test_a_retiring_worker_exports_what_it_still_holds(model_repo: Path, tmp_path: Path) -> None:
+    receiver = Receiver()  # the SDK's 5 s delay made long: only the exit flush can deliver the span
+    server = mlp_server(model_repo, tmp_path, CONF, {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+                                                     "OTEL_BSP_SCHEDULE_DELAY": "600000"})
+    try:
+        header, trace_id, _ = traceparent()
+        answer = server.post("/v1/models/mlp:predict", json={"instances": [ROW]}, headers={"traceparent": header})
+        assert answer.status_code == 200 and not receiver.in_trace(trace_id)
+        worker = server.worker_pids()[0]
+        os.kill(worker, signal.SIGTERM)  # as a rollout retires it
+        server.wait_reaped(worker)
+        assert server_span(receiver, trace_id).attributes["http.response.status_code"] == 200
+        assert "Traceback" not in server.log()
+    finally:
+        server.stop()
+        receiver.close()

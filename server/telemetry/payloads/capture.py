@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 
 ON = False  # a sink is configured and this worker's writer runs (writer.start); False: callers skip everything
@@ -57,15 +59,29 @@ def sample(inference: Any, version: Any) -> None:
     inference.payload = Capture(time.time() - (time.perf_counter() - inference.started), redact)
 
 
+def _json_default(value: Any) -> Any:
+    """What orjson cannot write itself: bytes (a gRPC string tensor, an image) as TF Serving's {"b64": ...}, object arrays as lists."""
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, np.ndarray):  # dtype object: DT_STRING tensors
+        return value.tolist()
+    raise TypeError(type(value).__name__)
+
+
+def _dumps(value: Any) -> bytes | None:
+    """JSON of inputs or outputs (numpy arrays as nested lists); None when they cannot be written."""
+    try:
+        return orjson.dumps(value, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
+    except (TypeError, orjson.JSONEncodeError):
+        return None  # the record says so (null); never fails the request
+
+
 def inputs(inference: Any, body: Any) -> None:
     """Freeze the decoded request body of a sampled request (orjson, now: later it may have changed)."""
     capture = getattr(inference, "payload", None)
     if capture is None:
         return
-    try:
-        capture.inputs = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    except (TypeError, orjson.JSONEncodeError):
-        capture.inputs = None  # the record says so (inputs null); never fails the request
+    capture.inputs = _dumps(body)
 
 
 def outputs(inference: Any, tensors: Any) -> None:
@@ -73,7 +89,4 @@ def outputs(inference: Any, tensors: Any) -> None:
     capture = getattr(inference, "payload", None)
     if capture is None:
         return
-    try:
-        capture.outputs = orjson.dumps(tensors, option=orjson.OPT_SERIALIZE_NUMPY)
-    except (TypeError, orjson.JSONEncodeError):
-        capture.outputs = None
+    capture.outputs = _dumps(tensors)

@@ -57,7 +57,7 @@ def build(sampled: Sampled) -> Record:
     if capture.redact is not None and capture.inputs is not None:
         try:
             record.inputs = orjson.dumps(capture.redact(orjson.loads(capture.inputs)), option=orjson.OPT_SERIALIZE_NUMPY)
-        except Exception as exc:  # NOTE: user code: never log unredacted inputs
+        except BaseException as exc:  # NOTE: user code (SystemExit included): never log unredacted inputs
             record.inputs = None
             record.redact_error = f"{type(exc).__name__}: {exc}"[:200]
     return record

@@ -39,25 +39,58 @@ def _warn(message: str, *args: Any) -> None:
     log.warning(message, *args)
 
 
-class Writer:
-    """Takes sampled requests without blocking (full: dropped) and writes them to `sink` on its own daemon thread."""
+def size_of(sampled: Sampled) -> int:
+    """The bytes a queued record holds: its inputs, its response body and (gRPC) its outputs."""
+    capture = sampled.capture
+    return len(sampled.body) + len(capture.inputs or b"") + len(capture.outputs or b"")
 
-    def __init__(self, sink: Sink, size: int) -> None:
+
+class Writer:
+    """Takes sampled requests without blocking (full: dropped) and writes them to `sink` on its own daemon thread.
+
+    Bounded twice: `size` records and `max_bytes` of their bodies (a record may hold two 32 MiB
+    bodies; a receiver that hangs must cost records, never the worker's memory).
+    """
+
+    def __init__(self, sink: Sink, size: int, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.sink = sink
         self.queue: queue.Queue[Sampled] = queue.Queue(size)
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
+        self._bytes_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="forkserve-payloads", daemon=True)
 
     def put(self, sampled: Sampled) -> None:
         """The request path's hand-off."""
-        try:
-            self.queue.put_nowait(sampled)
-        except queue.Full:
-            count_drop("queue_full")
-            _warn("payload log queue full (%d records): a sampled request was not logged", self.queue.maxsize)
+        size = size_of(sampled)
+        with self._bytes_lock:
+            fits = self.queued_bytes + size <= self.max_bytes
+            if fits:
+                self.queued_bytes += size
+        if fits:
+            try:
+                self.queue.put_nowait(sampled)
+                return
+            except queue.Full:
+                self._release(size)
+        count_drop("queue_full")
+        _warn("payload log queue full (%d records, %d bytes at most): a sampled request was not logged",
+              self.queue.maxsize, self.max_bytes)
+
+    def _release(self, size: int) -> None:
+        with self._bytes_lock:
+            self.queued_bytes -= size
 
     def _run(self) -> None:
         while True:
-            self.write(self.queue.get())
+            sampled = self.queue.get()
+            try:
+                self.write(sampled)
+            except BaseException as exc:  # NOTE: this thread must outlive anything a record brings (a redact's SystemExit)
+                count_drop("write_failed")
+                _warn("payload record of request %s not written: %r", sampled.request_id, exc)
+            finally:
+                self._release(size_of(sampled))
 
     def write(self, sampled: Sampled) -> None:
         """Build, redact and write one record; every failure counted and logged (rate-limited), none raised."""
@@ -92,7 +125,8 @@ def start(settings: Settings, sampled_models: list[str]) -> Writer | None:
             log.warning("payload_log is set for %s in models.toml but FORKSERVE_PAYLOAD_LOG is not: nothing is logged",
                         ", ".join(sorted(sampled_models)))
         return None
-    writer = Writer(make_sink(settings.payload_log, settings.payload_log_max_mb), settings.payload_log_queue)
+    writer = Writer(make_sink(settings.payload_log, settings.payload_log_max_mb), settings.payload_log_queue,
+                    max(1, int(settings.payload_log_queue_mb * 1024 * 1024)))
     writer.thread.start()
     capture._submit = writer.put
     capture.ON = True

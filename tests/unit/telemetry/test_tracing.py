@@ -49,3 +49,16 @@ def test_a_parent_decides_for_its_children() -> None:
     bound = TraceIdRatioBased.get_bound_for_rate(0.0)
     assert tracing.pre_sample(f"00-{TRACE}-{SPAN}-01", bound) == (int(TRACE, 16), True, False)
     assert tracing.pre_sample(f"00-{TRACE}-{SPAN}-00", TraceIdRatioBased.get_bound_for_rate(1.0)) == (int(TRACE, 16), False, False)
+
+
+def test_an_errors_span_message_never_quotes_a_handler() -> None:
+    from server.errors import InvalidArgument
+    from server.http.handled import HandlerRefused
+
+    trace = tracing.RequestTrace(span=None, wall_ns=0, clock=0.0)
+    tracing.note_error(trace, HandlerRefused("card 4111-1111-1111-1111 is blocked"))
+    assert trace.error[0] == "HandlerRefused" and "4111" not in trace.error[1]
+    tracing.note_error(trace, InvalidArgument("input 'x' takes float32 numbers"))
+    assert trace.error == ("InvalidArgument", "input 'x' takes float32 numbers")
+    tracing.note_error(trace, KeyError("secret"))
+    assert trace.error == ("KeyError", "internal error")

@@ -117,3 +117,43 @@ def test_a_full_queue_drops_without_blocking() -> None:
     sink.release.set()
     wait_until(lambda: writer.queue.empty() and len(sink.written) >= 2, 10, "the queue drained")
     assert len(sink.written) <= 3  # the one being written and the two queued; the rest were dropped
+
+
+def test_the_queue_is_bounded_in_bytes_too() -> None:
+    sink = Blocked()
+    big = b'{"predictions":[' + b"0.5," * 250_000 + b"0.5]]}"  # about 1 MB each
+    writer = Writer(sink, 1000, max_bytes=3_500_000)
+    writer.thread.start()
+    for number in range(10):
+        writer.put(sampled(f"r{number}", answer=big))
+    assert writer.queue.qsize() <= 3 and writer.queued_bytes <= 3_500_000  # the rest dropped, not held
+    sink.release.set()
+    wait_until(lambda: writer.queue.empty() and writer.queued_bytes == 0, 10, "the queue drained, its bytes released")
+    assert 1 <= len(sink.written) <= 4
+
+
+def test_a_redact_raising_system_exit_costs_its_inputs_not_the_writer(tmp_path: Path) -> None:
+    def redact(body: dict) -> dict:
+        raise SystemExit(3)
+
+    sink = FileSink(tmp_path / "logs", max_bytes=1_000_000)
+    writer = Writer(sink, 10)
+    writer.thread.start()
+    writer.put(sampled("exits", body={"secret": "s3cr3t"}, redact=redact))
+    writer.put(sampled("after"))
+    wait_until(lambda: [r["request_id"] for r in records(tmp_path / "logs")] == ["exits", "after"], 10, "both written")
+    assert writer.thread.is_alive() and "s3cr3t" not in log_files(tmp_path / "logs")[0].read_text()
+
+
+def test_a_removed_directory_is_made_again(tmp_path: Path, monkeypatch: Any) -> None:
+    from server.telemetry.payloads import file_sink
+
+    monkeypatch.setattr(file_sink, "RECHECK_S", 0.0)
+    sink = FileSink(tmp_path / "logs", max_bytes=1_000_000)
+    sink.write(record.build(sampled("before")))
+    for path in log_files(tmp_path / "logs"):
+        path.unlink()
+    (tmp_path / "logs").rmdir()  # rm -r DIR while the worker writes
+    sink.write(record.build(sampled("after")))
+    sink.close()
+    assert [r["request_id"] for r in records(tmp_path / "logs")] == ["after"]
