@@ -30,6 +30,7 @@ log = logging.getLogger("forkserve.tracing")
 ENABLED = False  # set once by start(), in a worker
 DEFAULT_SERVICE_NAME = "forkserve"
 EXIT_FLUSH_S = 1.5  # a stopping worker gives its exporter this long (an endpoint that hangs must not hold it)
+EXPORT_FAILURE_REPORT_S = 60.0  # a collector that is down is reported once a minute per worker, not every retry
 DROP_REASONS = ("queue_full", "export_failed")
 ROUTES = {  # http.route by api; "/versions/{version}" is inserted when the path names one
     "tfserving_predict": "/v1/models/{model}:predict",
@@ -106,7 +107,11 @@ def start() -> bool:
             return super().generate_trace_id()
 
     provider = TracerProvider(resource=resource, sampler=sampler, id_generator=_PresetIds())
-    _processor = BatchSpanProcessor(_CountingExporter(OTLPSpanExporter()))
+    # NOTE: the exporter logs every retry of every failed export (unformatted, to stderr); a down
+    # collector is counted and reported by _CountingExporter instead
+    logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.CRITICAL)
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    _processor = BatchSpanProcessor(_CountingExporter(OTLPSpanExporter(), endpoint))
     _count_queue_drops(_processor)
     provider.add_span_processor(_processor)
     _tracer = provider.get_tracer("forkserve")
@@ -175,19 +180,28 @@ def count_dropped(reason: str, spans: int) -> None:
 class _CountingExporter:
     """The OTLP exporter, with every span of a failed export counted (endpoint down, 5xx, timeout)."""
 
-    def __init__(self, exporter: Any) -> None:
+    def __init__(self, exporter: Any, endpoint: str) -> None:
         self._exporter = exporter
+        self._endpoint = endpoint
+        self._failed_spans = 0  # since the last report (the exporter thread alone touches these)
+        self._reported = -EXPORT_FAILURE_REPORT_S
 
     def export(self, spans: Any) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
+        problem = "down, refusing or too slow"
         try:
             result = self._exporter.export(spans)
         except Exception as exc:  # the processor would log it; counted here like any failure
-            _log_once("trace export failed: %s", exc)
-            result = SpanExportResult.FAILURE
+            result, problem = SpanExportResult.FAILURE, repr(exc)
         if result != SpanExportResult.SUCCESS:
             count_dropped("export_failed", len(spans))
+            self._failed_spans += len(spans)
+            if time.monotonic() - self._reported >= EXPORT_FAILURE_REPORT_S:
+                self._reported = time.monotonic()
+                log.warning("trace export to %s failed (%s): %d spans dropped since the last report, counted in "
+                            "forkserve_trace_spans_dropped_total", self._endpoint, problem, self._failed_spans)
+                self._failed_spans = 0
         return result
 
     def shutdown(self) -> None:

@@ -226,6 +226,8 @@ def test_an_exporter_that_is_down_never_slows_a_request(traced: Server, receiver
     assert predict_fast(traced, 20) < 0.5
     wait_until(lambda: value(samples(traced), DROPPED, reason="export_failed") > value(before, DROPPED, reason="export_failed"),
                15, "spans dropped (export_failed)")
+    assert "trace export to " in traced.log()  # reported once a minute, not each retry as the SDK would
+    assert "Transient error" not in traced.log() and "Failed to export" not in traced.log()
 
 
 def test_the_master_never_loads_the_sdk(traced: Server) -> None:
