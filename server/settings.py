@@ -150,6 +150,7 @@ class Settings:
     grpc_bind: str = DEFAULT_GRPC_BIND  # HOST:PORT every worker's gRPC server listens on ("" turns gRPC off)
     grpc_max_connection_age: float = 5.0  # seconds before a worker asks a gRPC client to reconnect (0: never; server.rpc.listener)
     grpc_max_connection_age_grace: float = 30.0  # ... and how long the calls in flight on it then have
+    grpc_max_calls: int = 0  # gRPC calls at work at once per worker, more are refused (RESOURCE_EXHAUSTED); 0: 2 x threads
     payload_log: str = ""  # FORKSERVE_PAYLOAD_LOG: "file:DIR", "http(s)://URL" or "" (off; server.telemetry.payloads)
     payload_log_max_mb: float = 100.0  # FORKSERVE_PAYLOAD_LOG_MAX_MB: a worker's file is rotated past this size
     payload_log_queue: int = 1000  # FORKSERVE_PAYLOAD_LOG_QUEUE: records waiting for the writer; more are dropped
@@ -194,6 +195,7 @@ class Settings:
             grpc_bind=os.environ.get("FORKSERVE_GRPC_BIND", DEFAULT_GRPC_BIND).strip(),
             grpc_max_connection_age=_env_seconds_or_off("FORKSERVE_GRPC_MAX_CONNECTION_AGE", 5.0),
             grpc_max_connection_age_grace=_env_seconds("FORKSERVE_GRPC_MAX_CONNECTION_AGE_GRACE", 30.0),
+            grpc_max_calls=_env_int("FORKSERVE_GRPC_MAX_CALLS", 0),
             payload_log=_payload_sink(os.environ.get("FORKSERVE_PAYLOAD_LOG", "")),
             payload_log_max_mb=_env_seconds("FORKSERVE_PAYLOAD_LOG_MAX_MB", 100.0),  # NOTE: "seconds": any positive number
             payload_log_queue=_env_int("FORKSERVE_PAYLOAD_LOG_QUEUE", 1000) or 1000,

@@ -12,50 +12,28 @@ grpc-core's graceful GOAWAY; fewer listening sockets here send more of them to o
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any, Callable
-
-import grpc
 
 WINDOW = 2.0  # a connection counts as active while it carried a call this recently (seconds)
-UNCOUNTED = ("/grpc.health.v1.", "/grpc.reflection.")  # probes and tools: their connections carry no load
 
 
-class ActivePeers(grpc.ServerInterceptor):
-    """Notes the peer (one per connection: client address and port) of every inference call."""
+class ActivePeers:
+    """The peers (one per connection: client address and port) that carried inference calls lately."""
 
     def __init__(self) -> None:
         self._seen: dict[str, float] = {}
-        self._lock = threading.Lock()
-        self._wrapped: dict[str, Any] = {}  # method -> its handler, noting peers (built once per method)
 
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        # NOTE: runs for every call on the shard's one serving thread: a dict lookup after the first call of a method
-        known = self._wrapped.get(details.method)
-        if known is not None:
-            return known
-        handler = continuation(details)
-        if handler is None or handler.unary_unary is None or details.method.startswith(UNCOUNTED):
-            return handler
-        behavior = handler.unary_unary
-        seen = self._seen
-
-        def noted(request: Any, context: grpc.ServicerContext) -> Any:
-            seen[context.peer()] = time.monotonic()  # NOTE: one dict store under the GIL, no lock on the call path
-            return behavior(request, context)
-
-        wrapped = self._wrapped[details.method] = handler._replace(unary_unary=noted)
-        return wrapped
+    def note(self, peer: str) -> None:
+        """Loop thread: a call arrived from `peer` (health checks and reflection are not noted: they carry no load)."""
+        self._seen[peer] = time.monotonic()
 
     def active(self, window: float = WINDOW) -> int:
         """Connections that carried a call within `window` seconds; older ones are forgotten."""
         horizon = time.monotonic() - window
-        with self._lock:
-            for peer, at in list(self._seen.items()):
-                if at < horizon:
-                    self._seen.pop(peer, None)
-            return len(self._seen)
+        for peer, at in list(self._seen.items()):
+            if at < horizon:
+                self._seen.pop(peer, None)
+        return len(self._seen)
 
 
 def bound(counts: list[int]) -> int | None:

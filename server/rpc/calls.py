@@ -122,6 +122,12 @@ class Calls:
             context.abort(code, details)
         return response
 
+    def refuse(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, details: str) -> None:
+        """A call refused before its method ran (its message is not the method's type): an access line, no metrics."""
+        if self.access_line is not None:
+            self._log(context, method, code, HTTP_STATUSES.get(code, 400), None, time.perf_counter(),
+                      request_id_for(metadata_value(context, "x-request-id")), None)
+
     def _log(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, http_status: int, response: Any,
              started: float, request_id: str, version: ModelVersion | None, trace_id: str = "") -> None:
         """One access-log line, in REST's shape, with the gRPC status at its end."""

@@ -1,10 +1,11 @@
-"""This worker's grpcio servers: created after the models are warm, stopped with the worker (GOAWAY, then a grace).
+"""This worker's grpc.aio servers: created after the models are warm, on an event loop thread; stopped with the worker.
 
 Runs in a worker only (server.worker.hooks starts it, server.worker.gthread stops it). Every worker
 binds the same FORKSERVE_GRPC_BIND with SO_REUSEPORT (grpcio's default on Linux); the kernel spreads
-new connections over the listening sockets, and the master has made sure no other process holds
-the port. Each worker runs up to SHARDS servers on it, sharing one thread pool and the health state,
-so that it can stop listening on part of them (server.rpc.balance).
+new connections over the listening sockets, and the master owns the port for this instance
+(server.master.grpc_port). Each worker runs up to SHARDS servers on it, on one event loop, sharing
+one thread pool, the call caps and the health state, so that it can stop listening on part of them
+(server.rpc.balance). How a call is admitted and run: server.rpc.transport.
 
 NOTE: grpcio's stop() is not lossless under load: grpc-core cancels the calls that arrived but were
 not yet handed to a handler (clients see CANCELLED, grpc/grpc#41785). A worker therefore leaves in
@@ -14,20 +15,21 @@ move every client to other workers, and only then stops its servers, with no con
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from server import connection_board
 from server.master.grpc_port import split_address
-from server.rpc import balance, sockets, tfserving, v2
+from server.rpc import balance, sockets, tfserving, transport, v2
 from server.rpc.calls import Calls
+from server.rpc.health import SERVICE as HEALTH_SERVICE
 from server.rpc.health import ModelHealth
 from server.settings import Settings
 from server.worker.registry import ModelRegistry
@@ -38,12 +40,14 @@ log = logging.getLogger("forkserve.grpc")
 SHARDS = 4  # grpcio servers per worker, each with its own listening socket: a worker's weight in the kernel's spread
 BALANCE_INTERVAL = 0.5  # seconds between a worker's looks at the board
 COOLDOWN = 1.0  # seconds between two changes of a worker's listening shards
+START_TIMEOUT = 60.0  # seconds start() waits for the loop to bind and start every shard
+MAX_RECEIVING = 1024  # calls that may wait for their message at once (each holds what HTTP/2 flow control let it send)
 
 
 class Shard:
     """One grpcio server with every service on the shared port: its listening sockets, the connections that carry calls."""
 
-    def __init__(self, server: grpc.Server, peers: balance.ActivePeers, fds: set[int]) -> None:
+    def __init__(self, server: grpc.aio.Server, peers: balance.ActivePeers, fds: set[int]) -> None:
         self.server = server
         self.peers = peers
         self.fds = fds
@@ -51,22 +55,31 @@ class Shard:
 
 
 class GrpcListener:
-    """Up to SHARDS grpcio servers with TF Serving's services, V2's, health and reflection; a balancer thread."""
+    """Up to SHARDS grpc.aio servers with TF Serving's services, V2's, health and reflection, on one event loop thread."""
 
     def __init__(self, registry: ModelRegistry, settings: Settings, access_line: Callable[[str], None] | None,
                  slot: int | None = None) -> None:
         self.registry = registry
         self.settings = settings
         self.calls = Calls(registry, access_line)
-        self.health = ModelHealth(registry)
+        working = settings.grpc_max_calls or 2 * settings.threads
+        self.capacity = transport.Capacity(max_receiving=MAX_RECEIVING, max_working=working,
+                                           receive_timeout=settings.client_timeout)
+        self.health = ModelHealth(registry, self.capacity)
         self.slot = slot  # this worker's slot on server.connection_board (None: no balancing)
         self.port = split_address(settings.grpc_bind)[1]
         self.shards: list[Shard] = []
-        self.stopping: list[threading.Event] = []  # servers stopped, calls still finishing
-        self.stopped: threading.Event | None = None
-        self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="forkserve-grpc")
+        self.stopping: list[asyncio.Future[Any]] = []  # paused shards' stop(), calls still finishing
+        self.stopped = threading.Event()  # set once every call has finished after stop()
+        self._stop_claimed = threading.Lock()  # taken once, without blocking, by the first stop()
+        self._pool = ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="forkserve-grpc")
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="forkserve-grpc-loop", daemon=True)
         self.balancing = slot is not None and connection_board.GRPC_BOARD is not None
+
+    @property
+    def stopping_now(self) -> bool:
+        return self._stop_claimed.locked()
 
     def options(self) -> list[tuple[str, int]]:
         """Channel arguments: REST's body limit for requests, SO_REUSEPORT, and a maximum connection age.
@@ -90,31 +103,50 @@ class GrpcListener:
                         ("grpc.max_connection_age_grace_ms", int(grace * 1000))]
         return options
 
+    def _run_loop(self) -> None:
+        """Loop thread: the event loop every shard, call and health check runs on, for the worker's life."""
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
     def start(self) -> None:
         """Bind and serve every shard; raises RuntimeError naming the address when the port cannot be bound."""
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
+        try:
+            started.result(START_TIMEOUT)
+        except BaseException:
+            started.cancel()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            raise
+
+    async def _start(self) -> None:
+        self.health.start()
         try:
             for _ in range(SHARDS):
-                self.shards.append(self._new_shard())
+                self.shards.append(await self._new_shard())
         except BaseException:
             for shard in self.shards:  # NOTE: a worker that reports not ready must not serve gRPC on part of its shards
-                shard.server.stop(0)
+                await shard.server.stop(0)
             self.shards.clear()
             raise
-        self.health.refresh()
         if self.balancing:
-            threading.Thread(target=self._balance, name="forkserve-grpc-balance", daemon=True).start()
+            self.loop.create_task(self._balance())
 
-    def _new_shard(self) -> Shard:
-        """One more server listening on the port, started."""
+    def _services(self) -> list[tuple[Any, Any]]:
+        """(service descriptor, servicer) of every inference and status service."""
+        return tfserving.services(self.calls) + v2.services(self.calls)
+
+    async def _new_shard(self) -> Shard:
+        """Loop thread: one more server listening on the port, started."""
         peers = balance.ActivePeers()
-        # NOTE: the cap counts health checks too: a shard at its cap answers the kubelet's probe RESOURCE_EXHAUSTED,
-        # so it is far above what the thread pool runs at once (the executors' queues shed load first).
-        server = grpc.server(self._executor, options=self.options(), interceptors=(peers,) if self.balancing else (),
-                             maximum_concurrent_rpcs=max(2, self.settings.threads * 32 // SHARDS))
-        names = tfserving.add_to_server(self.calls, server) + v2.add_to_server(self.calls, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-        reflection.enable_server_reflection(names + [reflection.SERVICE_NAME], server)
+        server = grpc.aio.server(options=self.options())
+        noted = peers.note if self.balancing else None
+        services = self._services()
+        server.add_generic_rpc_handlers(
+            [transport.service_handler(service, servicer, self.capacity, self._pool, self.calls.refuse, noted)
+             for service, servicer in services] + [self.health.handler()])
+        names = [service.full_name for service, _ in services] + [HEALTH_SERVICE, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, server)
         before = sockets.listening(self.port)
         try:
             port = server.add_insecure_port(self.settings.grpc_bind)
@@ -122,15 +154,15 @@ class GrpcListener:
             raise RuntimeError(f"cannot listen for gRPC on {self.settings.grpc_bind}: {exc}") from None
         if not port:
             raise RuntimeError(f"cannot listen for gRPC on {self.settings.grpc_bind}")
-        server.start()
+        await server.start()
         return Shard(server, peers, sockets.listening(self.port) - before)
 
     def listening(self) -> list[Shard]:
         """The shards still listening."""
         return [shard for shard in self.shards if shard.paused_at is None]
 
-    def _balance(self) -> None:
-        """Balancer thread: publish this worker's active connections; listen on fewer shards above the bound, more below.
+    async def _balance(self) -> None:
+        """Loop thread: publish this worker's active connections; listen on fewer shards above the bound, more below.
 
         NOTE: a paused shard keeps serving its connections; each leaves at its max_connection_age and
         reconnects to a listening socket, now less likely one of this worker's. A worker always keeps
@@ -139,44 +171,43 @@ class GrpcListener:
         board, slot = connection_board.GRPC_BOARD, self.slot
         assert board is not None and slot is not None
         changed = 0.0
-        while self.stopped is None:
-            time.sleep(BALANCE_INTERVAL)
+        while not self.stopping_now:
+            await asyncio.sleep(BALANCE_INTERVAL)
             try:
-                changed = self._balance_once(board, slot, changed)
+                changed = await self._balance_once(board, slot, changed)
             except Exception:  # NOTE: a surprise (/proc unreadable) costs one look, not balancing for the worker's life
                 log.exception("gRPC: balancing failed once")
 
-    def _balance_once(self, board: connection_board.ConnectionBoard, slot: int, changed: float) -> float:
+    async def _balance_once(self, board: connection_board.ConnectionBoard, slot: int, changed: float) -> float:
         """One look at the board: publish, pause or add a shard, stop paused shards whose connections have all left."""
-        with self._lock:
-            if self.stopped is not None:
-                return changed
-            now = time.monotonic()
-            active = sum(shard.peers.active() for shard in self.shards)
-            board.publish(slot, active)
-            counts = board.counts()
-            limit = balance.bound(counts)
-            listening = self.listening()
-            if limit is not None and now - changed > COOLDOWN:
-                if active > limit and len(listening) > 1:
-                    self._pause(listening[-1], now)
-                    changed = now
-                    log.info("gRPC: %d active connections here, %s on the board (bound %d): "
-                             "stopped listening on one socket of %d", active, counts, limit, len(listening))
-                elif (active <= sum(counts) // len(counts) or active == 0) and len(listening) < SHARDS:
-                    self._add_shard()
-                    changed = now
-            elif limit is None and len(listening) < SHARDS and now - changed > COOLDOWN:
-                self._add_shard()
+        if self.stopping_now:
+            return changed
+        now = time.monotonic()
+        active = sum(shard.peers.active() for shard in self.shards)
+        board.publish(slot, active)
+        counts = board.counts()
+        limit = balance.bound(counts)
+        listening = self.listening()
+        if limit is not None and now - changed > COOLDOWN:
+            if active > limit and len(listening) > 1:
+                self._pause(listening[-1], now)
                 changed = now
-            self.stopping = [event for event in self.stopping if not event.is_set()]
-            # NOTE: a stop cancels calls just arriving (grpc/grpc#41785): a paused shard stops only once every
-            # connection it held has had its GOAWAY (one connection age, +10 % jitter) and none carried a call since.
-            settled = self.settings.grpc_max_connection_age * 1.1 + 1.0
-            for shard in [s for s in self.shards if s.paused_at is not None and now - s.paused_at > settled]:
-                if shard.peers.active() == 0:
-                    self.shards.remove(shard)
-                    self.stopping.append(shard.server.stop(self.settings.grpc_max_connection_age_grace))
+                log.info("gRPC: %d active connections here, %s on the board (bound %d): "
+                         "stopped listening on one socket of %d", active, counts, limit, len(listening))
+            elif (active <= sum(counts) // len(counts) or active == 0) and len(listening) < SHARDS:
+                await self._add_shard()
+                changed = now
+        elif limit is None and len(listening) < SHARDS and now - changed > COOLDOWN:
+            await self._add_shard()
+            changed = now
+        self.stopping = [stop for stop in self.stopping if not stop.done()]
+        # NOTE: a stop cancels calls just arriving (grpc/grpc#41785): a paused shard stops only once every
+        # connection it held has had its GOAWAY (one connection age, +10 % jitter) and none carried a call since.
+        settled = self.settings.grpc_max_connection_age * 1.1 + 1.0
+        for shard in [s for s in self.shards if s.paused_at is not None and now - s.paused_at > settled]:
+            if shard.peers.active() == 0:
+                self.shards.remove(shard)
+                self.stopping.append(asyncio.ensure_future(shard.server.stop(self.settings.grpc_max_connection_age_grace)))
         return changed
 
     def _pause(self, shard: Shard, now: float) -> None:
@@ -184,49 +215,60 @@ class GrpcListener:
         sockets.pause(shard.fds)
         shard.paused_at = now
 
-    def _add_shard(self) -> None:
+    async def _add_shard(self) -> None:
         """One more shard listening (its log says why when the port refuses it)."""
         try:
-            self.shards.append(self._new_shard())
+            shard = await self._new_shard()
         except RuntimeError as exc:  # NOTE: the listening shards keep serving; this worker just weighs less
             log.error("gRPC: another server on the port could not start: %s", exc)
+            return
+        self.shards.append(shard)
+        if self.stopping_now:  # NOTE: stop() came while it started: it must not listen through the drain
+            self._pause(shard, time.monotonic())
 
     def stop(self, grace: float) -> threading.Event:
         """Stop listening at once; once the clients have moved (max_connection_age), stop the servers with `grace`.
 
         The event is set when every call has finished, within `grace` seconds.
-        NOTE: signal handlers call this on the main thread; a second signal during the first call must not
-        wait for the lock the first holds (a deadlock until the master's SIGKILL), so it returns at once.
+        NOTE: signal handlers call this on the main thread, so it never blocks: the first call claims
+        the stop without waiting and hands it to the loop; any later call (a second signal arriving
+        inside the first) returns the same event at once.
         """
-        if self.stopped is not None:
+        if not self._stop_claimed.acquire(blocking=False):
             return self.stopped
-        with self._lock:
-            if self.stopped is None:
-                self.stopped = threading.Event()
-                self.health.enter_graceful_shutdown()
-                if self.slot is not None and connection_board.GRPC_BOARD is not None:
-                    connection_board.GRPC_BOARD.release(self.slot)
-                now = time.monotonic()
-                for shard in self.listening():
-                    self._pause(shard, now)
-                threading.Thread(target=self._drain, args=(grace,), name="forkserve-grpc-drain", daemon=True).start()
+        if not self._thread.is_alive():
+            self.stopped.set()
+            return self.stopped
+        try:
+            self.loop.call_soon_threadsafe(self._begin_stop, grace)
+        except RuntimeError:  # the loop is closed: nothing serves
+            self.stopped.set()
         return self.stopped
 
-    def _drain(self, grace: float) -> None:
-        """Drain thread: wait for the connections to leave (at most one connection age, within `grace`), then stop."""
-        assert self.stopped is not None
+    def _begin_stop(self, grace: float) -> None:
+        """Loop thread: NOT_SERVING, out of the board, every listening socket paused, then the drain."""
+        self.health.enter_graceful_shutdown()
+        if self.slot is not None and connection_board.GRPC_BOARD is not None:
+            connection_board.GRPC_BOARD.release(self.slot)
+        now = time.monotonic()
+        for shard in self.listening():
+            self._pause(shard, now)
+        self.loop.create_task(self._drain(grace))
+
+    async def _drain(self, grace: float) -> None:
+        """Loop thread: wait for the connections to leave (at most one connection age, within `grace`), then stop."""
         started = time.monotonic()
         try:
             age = self.settings.grpc_max_connection_age
             drain = min(grace, age * 1.1 + 1.0) if age > 0 and grace > 0 else 0.0  # NOTE: grpc-core jitters the age by +-10 %
             while time.monotonic() - started < drain and sockets.connections(self.port) > 0:
-                time.sleep(0.05)
+                await asyncio.sleep(0.05)
         except Exception:  # NOTE: /proc unreadable: stop now rather than never (the event must be set)
             log.exception("gRPC: waiting for the connections to leave failed")
         finally:
             remaining = max(0.0, grace - (time.monotonic() - started))
-            with self._lock:
-                events = [shard.server.stop(remaining) for shard in self.shards] + self.stopping
-            for event in events:
-                event.wait()
-            self.stopped.set()
+            try:
+                await asyncio.gather(*(shard.server.stop(remaining) for shard in self.shards), *self.stopping,
+                                     return_exceptions=True)
+            finally:
+                self.stopped.set()

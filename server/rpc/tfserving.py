@@ -297,9 +297,8 @@ class ModelService:
         return self.calls.run(context, f"/{MODEL_SERVICE}/HandleReloadConfigRequest", work, None)
 
 
-def add_to_server(calls: Calls, server: grpc.Server) -> list[str]:
-    """Register both services; returns their full names (for reflection)."""
+def services(calls: Calls) -> list[tuple[Any, Any]]:
+    """(service descriptor, servicer) of PredictionService and ModelService (server.rpc.transport registers them)."""
     apis = messages.tfserving()
-    apis.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(calls), server)
-    apis.model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(calls), server)
-    return [PREDICTION_SERVICE, MODEL_SERVICE]
+    return [(apis.prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"], PredictionService(calls)),
+            (apis.model_service_pb2.DESCRIPTOR.services_by_name["ModelService"], ModelService(calls))]

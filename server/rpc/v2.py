@@ -128,8 +128,7 @@ class InferenceService:
         return self.calls.run(context, f"/{SERVICE}/ModelInfer", work, response, "v2_infer", request.model_name)
 
 
-def add_to_server(calls: Calls, server: grpc.Server) -> list[str]:
-    """Register the service; returns its full name (for reflection)."""
-    _, services = messages.v2()
-    services.add_GRPCInferenceServiceServicer_to_server(InferenceService(calls), server)
-    return [SERVICE]
+def services(calls: Calls) -> list[tuple[Any, Any]]:
+    """(service descriptor, servicer) of the V2 service (server.rpc.transport registers it)."""
+    protos, _ = messages.v2()
+    return [(protos.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(calls))]
