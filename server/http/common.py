@@ -10,6 +10,7 @@ import socket
 import struct
 import sys
 import time
+from concurrent.futures import CancelledError
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from server.repository import is_model_name, parse_version
 from server.signature import SignatureInfo
 from server.telemetry import metrics
 from server.worker.registry import ModelRegistry, ModelVersion
+from server.worker.flow import Steps, Wait, run_blocking
 from server.worker.reply import ReplyTimeout
 
 log = logging.getLogger("forkserve.app")
@@ -181,33 +183,53 @@ def tfserving_predict(version: ModelVersion, body: Any, timeout: float) -> dict[
 def predict(
     version: ModelVersion, signature_name: str, inputs: dict[str, np.ndarray], decode_started: float, timeout: float,
 ) -> tuple[SignatureInfo, dict[str, np.ndarray]]:
-    """The flow every predict API shares: check the decoded inputs against the signature, run them, wait."""
+    """The flow every predict API shares, on this thread: check the decoded inputs against the signature, run them, wait."""
+    return run_blocking(predict_steps(version, signature_name, inputs, decode_started, timeout))
+
+
+def predict_steps(
+    version: ModelVersion, signature_name: str, inputs: dict[str, np.ndarray], decode_started: float, timeout: float,
+) -> Steps[tuple[SignatureInfo, dict[str, np.ndarray]]]:
+    """predict() as a flow (server.worker.flow): its driver waits for the model."""
     signature = version.signature(signature_name)
     fed, rows = validate_inputs(inputs, signature, version.config)
     instrument.stage("decode", time.perf_counter() - decode_started)
     batchable = signature.batchable and all(a.ndim >= 1 for a in fed.values())
-    return signature, infer(version, signature.name, fed, rows, batchable, timeout)
+    outputs = yield from infer_steps(version, signature.name, fed, rows, batchable, timeout)
+    return signature, outputs
 
 
 def infer(
     version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool, timeout: float,
 ) -> dict[str, np.ndarray]:
-    """Queue the inputs on the version's executor and wait for its rows, within `timeout` seconds."""
-    assert version.executor is not None
+    """Queue the inputs on the version's executor and wait for its rows on this thread, within `timeout` seconds."""
+    return run_blocking(infer_steps(version, signature, inputs, rows, batchable, timeout))
+
+
+def infer_steps(
+    version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool, timeout: float,
+) -> Steps[dict[str, np.ndarray]]:
+    """infer() as a flow: queue the job, yield the wait; a timeout withdraws the job, a closed flow (client gone) too."""
+    executor = version.executor
+    assert executor is not None
     inference = instrument.current()
     trace = inference.trace if inference is not None else None
     if trace is not None:
         trace.rows += rows
         trace.signature = signature
-    job = version.executor.submit(signature, inputs, rows, batchable, trace.span.get_span_context() if trace else None)
+    job = executor.submit(signature, inputs, rows, batchable, trace.span.get_span_context() if trace else None)
+    wait = Wait(executor, job, timeout)
     try:
-        outputs = job.future.result(timeout=timeout)
+        outputs = yield wait
     except ReplyTimeout:
-        version.executor.cancel(job)
+        wait.abandon()
         metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc())
         raise DeadlineExceeded(
             f"model {version.name} version {version.version} did not answer within {timeout}s"
         ) from None
+    except (CancelledError, GeneratorExit):  # the client left (gRPC cancel): nobody waits for these rows
+        wait.abandon()
+        raise
     finally:
         # A request that gave up (deadline) still shows where it waited: in the queue, or in the call.
         now = time.monotonic()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import grpc
 import orjson
@@ -15,6 +16,7 @@ from server.errors import ApiError, DeadlineExceeded, InvalidArgument, NotFound,
 from server.http import instrument
 from server.http.common import request_id_for
 from server.telemetry.payloads import capture
+from server.worker.flow import Steps
 from server.worker.registry import ModelRegistry, ModelVersion
 
 log = logging.getLogger("forkserve.grpc")
@@ -27,9 +29,11 @@ STATUS_CODES = {
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 # ...and back, for a status the servicer sets itself (UNIMPLEMENTED methods)
-HTTP_STATUSES = {grpc.StatusCode.OK: 200, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500}
+HTTP_STATUSES = {grpc.StatusCode.OK: 200, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500,
+                 grpc.StatusCode.CANCELLED: 499}
 
-Work = Callable[[], tuple[Any, "ModelVersion | None"]]
+Work = Callable[[], Any]  # () -> (message, version), or a flow (server.worker.flow) that returns them
+CLIENT_CLOSED = 499  # nginx's status for a request its client gave up: a cancelled call in metrics and access lines
 
 
 def status_code(exc: ApiError) -> grpc.StatusCode:
@@ -72,11 +76,12 @@ class Calls:
     access_line: Callable[[str], None] | None = None
 
     def run(self, context: grpc.ServicerContext, method: str, work: Work, empty: Any,
-            api: str = "", model: str = "") -> Any:
-        """Answer one RPC with `work()`'s message, or with the status its failure maps to.
+            api: str = "", model: str = "") -> Steps[Any]:
+        """Answer one RPC with `work()`'s message, or with the status its failure maps to: a flow (server.worker.flow).
 
         `api` names an inference call (counted and timed as REST's are, protocol="grpc"); `model` is
-        the model it addresses. Anything `work` raises costs this call only.
+        the model it addresses. `work` returns (message, version), or is a flow of its own that
+        does. Anything it raises costs this call only; a failure ends the flow with Aborted.
         """
         started = time.perf_counter()
         request_id = request_id_for(metadata_value(context, "x-request-id"))
@@ -89,7 +94,10 @@ class Calls:
         code, details, http_status = grpc.StatusCode.OK, "", 200
         response = empty
         try:
-            response, version = work()
+            result = work()
+            if isinstance(result, Generator):
+                result = yield from result
+            response, version = result
         except ApiError as exc:
             instrument.note_error(exc)
             code, details, http_status = status_code(exc), exc.message, exc.status
@@ -97,6 +105,10 @@ class Calls:
                 log.warning("request %s failed with %s: %s", request_id, code.name, details)
             if code == grpc.StatusCode.INTERNAL:  # NOTE: clients log the details, rarely the trailing metadata
                 details = f"{details} (request id {request_id})"
+        except (CancelledError, GeneratorExit) as exc:  # the client left while its job waited (server.worker.flow)
+            code, details, http_status = grpc.StatusCode.CANCELLED, "the client cancelled the call", CLIENT_CLOSED
+            if isinstance(exc, GeneratorExit):
+                raise
         except Exception as exc:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
             instrument.note_error(exc)
             log.exception("request %s: unexpected error", request_id)

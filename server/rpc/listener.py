@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import grpc
+import uvloop
 from grpc_reflection.v1alpha import reflection
 
 from server import connection_board
@@ -73,7 +74,8 @@ class GrpcListener:
         self.stopped = threading.Event()  # set once every call has finished after stop()
         self._stop_claimed = threading.Lock()  # taken once, without blocking, by the first stop()
         self._pool = ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="forkserve-grpc")
-        self.loop = asyncio.new_event_loop()
+        # NOTE: uvloop, not asyncio's own loop: its loop machinery is C; measured 10-20 % less worker CPU per call (bench.grpc_ab)
+        self.loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="forkserve-grpc-loop", daemon=True)
         self.balancing = slot is not None and connection_board.GRPC_BOARD is not None
 

@@ -11,11 +11,12 @@ import numpy as np
 from server.errors import ApiError, InvalidArgument, NotFound
 from server.http import instrument
 from server.http.codecs.images import decode_image
-from server.http.common import infer, predict
+from server.http.common import infer_steps, predict_steps
 from server.rpc import messages, tensor_proto
 from server.rpc.calls import Calls, timeout_for
 from server.signature import METHOD_NAMES, SignatureInfo, TensorInfo
 from server.telemetry.payloads import capture
+from server.worker.flow import Steps
 from server.worker.registry import ModelVersion
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -150,7 +151,7 @@ class PredictionService:
         """TF Serving's Predict; a model with a handler is called without it (tensors in, tensors out, as V2)."""
         response = self.apis.predict_pb2.PredictResponse()
 
-        def work() -> tuple[Any, ModelVersion]:
+        def work() -> Steps[tuple[Any, ModelVersion]]:
             target = resolve(self.calls, request.model_spec)
             instrument.set_version(target.version)
             if capture.ON:
@@ -161,7 +162,7 @@ class PredictionService:
             inputs = decode_inputs(request.inputs, signature, target)
             if capture.ON:
                 capture.inputs(instrument.current(), {"inputs": inputs})  # nested lists of the decoded tensors
-            _, outputs = predict(target, signature.name, inputs, started, timeout_for(context, target))
+            _, outputs = yield from predict_steps(target, signature.name, inputs, started, timeout_for(context, target))
             if capture.ON:
                 capture.outputs(instrument.current(), {"outputs": {name: outputs[name] for name in wanted or outputs}})
             started = time.perf_counter()
@@ -175,23 +176,23 @@ class PredictionService:
                               request.model_spec.name)
 
     def _examples(self, request: Any, target: ModelVersion, method: str, context: grpc.ServicerContext
-                  ) -> tuple[SignatureInfo, dict[str, np.ndarray], int]:
+                  ) -> Steps[tuple[SignatureInfo, dict[str, np.ndarray], int]]:
         """Serialized tf.Examples of a Classify/Regress request (context features merged), run on its signature."""
         started = time.perf_counter()
         signature = target.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
         serialized = serialized_examples(request.input, signature, method)
         instrument.stage("decode", time.perf_counter() - started)
-        outputs = infer(target, signature.name, {"inputs": serialized}, len(serialized), signature.batchable,
-                        timeout_for(context, target))
+        outputs = yield from infer_steps(target, signature.name, {"inputs": serialized}, len(serialized),
+                                         signature.batchable, timeout_for(context, target))
         return signature, outputs, len(serialized)
 
     def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self.apis.classification_pb2.ClassificationResponse()
 
-        def work() -> tuple[Any, ModelVersion]:
+        def work() -> Steps[tuple[Any, ModelVersion]]:
             target = resolve(self.calls, request.model_spec)
             instrument.set_version(target.version)
-            signature, outputs, rows = self._examples(request, target, "classify", context)
+            signature, outputs, rows = yield from self._examples(request, target, "classify", context)
             scores, classes = outputs.get("scores"), outputs.get("classes")
             for i in range(rows):
                 row_scores = [] if scores is None else np.asarray(scores[i]).reshape(-1).tolist()
@@ -213,10 +214,10 @@ class PredictionService:
     def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self.apis.regression_pb2.RegressionResponse()
 
-        def work() -> tuple[Any, ModelVersion]:
+        def work() -> Steps[tuple[Any, ModelVersion]]:
             target = resolve(self.calls, request.model_spec)
             instrument.set_version(target.version)
-            signature, outputs, rows = self._examples(request, target, "regress", context)
+            signature, outputs, rows = yield from self._examples(request, target, "regress", context)
             for value in regression_values(outputs, rows):
                 response.result.regressions.add().value = value
             fill_spec(response.model_spec, target, signature.name)

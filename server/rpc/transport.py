@@ -1,17 +1,19 @@
-"""grpc.aio glue: a call waits for its message on the event loop, runs on a bounded pool, answers from the loop.
+"""grpc.aio glue: a call waits for its message on the event loop, is admitted or refused, runs its flow, answers.
 
 Runs in a worker only, on the listener's event loop thread (server.rpc.listener) except where a
 docstring says "pool thread". Why asyncio: grpcio's sync server waits for a unary call's request
 message on a pool thread, so 32 clients that open calls and never send their message held every
-thread, health checks included. Here a call costs no thread until its message is in:
+thread, health checks included. Here a call holds no thread while it waits, for anything:
 
 - every unary method is registered as client-streaming, so the handler starts before the message
   arrives and reads it with a deadline (a call that stalls is ended with DEADLINE_EXCEEDED);
 - calls waiting for their message and calls at work are counted against caps; past them a call is
   refused at once with RESOURCE_EXHAUSTED, as REST's queues shed load;
-- the message is parsed, served and its answer serialized on a pool thread (raw bytes in and out
-  of grpcio: a message that is not valid protobuf is INVALID_ARGUMENT, not grpcio's INTERNAL);
-- health checks never touch the pool (server.rpc.health), so no inference load can starve them.
+- the message comes as raw bytes and is parsed here (a message that is not valid protobuf is
+  INVALID_ARGUMENT, not grpcio's INTERNAL); the servicer's flow (server.worker.flow) then runs on
+  the loop and awaits the model's executor: no thread hop per call. A message over
+  INLINE_MAX_BYTES, whose decoding would hold the loop, runs its flow on a pool thread instead;
+- health checks never wait behind the pool (server.rpc.health): no inference load starves them.
 
 NOTE: on the wire a unary call and a client-streaming call with one message are the same HTTP/2
 stream; grpcio routes by method path only, so clients see no difference.
@@ -25,12 +27,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from concurrent.futures import CancelledError as FutureCancelled
+from typing import Any, AsyncIterator, Callable, Generator, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from server.worker.flow import Steps, Wait, run_blocking
+from server.worker.reply import ReplyTimeout
+
 log = logging.getLogger("forkserve.grpc")
+T = TypeVar("T")
 
 
 class Aborted(Exception):
@@ -84,7 +91,11 @@ class CallContext:
 
     def is_active(self) -> bool:
         """False once the client cancelled the call or its deadline passed."""
-        return not self._cancelled and (self._deadline is None or time.monotonic() < self._deadline)
+        return not self._cancelled and not self.deadline_passed()
+
+    def deadline_passed(self) -> bool:
+        """Whether the client's deadline has come (grpc-core then cancels the call: a deadline, not a client that left)."""
+        return self._deadline is not None and time.monotonic() >= self._deadline - DEADLINE_SLACK
 
     def add_cancel_callback(self, callback: Callable[[], None]) -> None:
         """Run `callback` when the client cancels (at once when it has already): how a call stops its queued work."""
@@ -116,7 +127,7 @@ class Outcome:
     trailing: tuple[tuple[str, str], ...] = ()
 
 
-Behavior = Callable[[Any, CallContext], Any]  # a servicer method: (request message, context) -> response message
+Behavior = Callable[[Any, CallContext], Any]  # a servicer method: (request message, context) -> a flow of its answer
 Refuse = Callable[[CallContext, str, grpc.StatusCode, str], None]  # access-logs a call refused before its method ran
 
 
@@ -152,8 +163,9 @@ async def first_message(requests: AsyncIterator[bytes], context: grpc.aio.Servic
                                 f"too many calls waiting for their request message here ({capacity.max_receiving})")
         capacity.receiving += 1
     try:
-        return await asyncio.wait_for(requests.__anext__(), capacity.receive_timeout)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(capacity.receive_timeout):  # NOTE: not wait_for: that costs a task per call
+            return await requests.__anext__()
+    except TimeoutError:
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"the request message did not arrive within {capacity.receive_timeout:g}s")
     except StopAsyncIteration:
@@ -173,18 +185,36 @@ def parse(request_type: Any, raw: bytes) -> Any:
                       f"the request is not a valid {request_type.DESCRIPTOR.full_name} message: {exc}") from None
 
 
-def serve_on_pool(behavior: Behavior, request_type: Any, method: str, refuse: Refuse,
-                  raw: bytes, call: CallContext) -> Outcome:
-    """Pool thread: parse, run the servicer method, serialize its answer; every failure becomes a status."""
+DEADLINE_SLACK = 0.01  # seconds: grpc-core's deadline timer and ours are not the same clock
+INLINE_MAX_BYTES = 1 << 20  # a message up to this size is served on the loop; a larger one on the pool
+
+
+def parse_or_refuse(request_type: Any, method: str, refuse: Refuse, raw: bytes, call: CallContext) -> Any:
+    """The request message, or an Outcome refusing the call (access-logged)."""
     try:
-        request = parse(request_type, raw)
+        return parse(request_type, raw)
     except Aborted as exc:
         refuse(call, method, exc.code, exc.details)
         return Outcome(code=exc.code, details=exc.details)
+
+
+def answered(response: Any, call: CallContext) -> Outcome:
+    """The outcome of a servicer method that returned `response`."""
+    answer = response.SerializeToString() if call.code == grpc.StatusCode.OK else b""
+    return Outcome(answer, call.code, call.details, call.trailing)
+
+
+def serve_on_pool(behavior: Behavior, request_type: Any, method: str, refuse: Refuse,
+                  raw: bytes, call: CallContext) -> Outcome:
+    """Pool thread: parse, run the servicer's flow on this thread, serialize its answer; every failure becomes a status."""
+    request = parse_or_refuse(request_type, method, refuse, raw, call)
+    if isinstance(request, Outcome):
+        return request
     try:
-        response = behavior(request, call)
-        answer = response.SerializeToString() if call.code == grpc.StatusCode.OK else b""
-        return Outcome(answer, call.code, call.details, call.trailing)
+        result = behavior(request, call)
+        if isinstance(result, Generator):
+            result = run_blocking(result, on_wait=lambda wait: call.add_cancel_callback(wait.abandon))
+        return answered(result, call)
     except Aborted as exc:
         return Outcome(code=exc.code, details=exc.details, trailing=call.trailing)
     except BaseException:  # NOTE: Calls.run maps every failure of a method already; this is a bug past it (SystemExit too)
@@ -192,9 +222,80 @@ def serve_on_pool(behavior: Behavior, request_type: Any, method: str, refuse: Re
         return Outcome(code=grpc.StatusCode.INTERNAL, details="internal error", trailing=call.trailing)
 
 
+async def serve_on_loop(behavior: Behavior, request_type: Any, method: str, refuse: Refuse,
+                        raw: bytes, call: CallContext) -> Outcome:
+    """Loop thread: serve_on_pool's twin, awaiting the model instead of blocking a thread."""
+    request = parse_or_refuse(request_type, method, refuse, raw, call)
+    if isinstance(request, Outcome):
+        return request
+    try:
+        result = behavior(request, call)
+        if isinstance(result, Generator):
+            result = await drive(result, call.deadline_passed)
+        return answered(result, call)
+    except Aborted as exc:
+        return Outcome(code=exc.code, details=exc.details, trailing=call.trailing)
+    except asyncio.CancelledError:
+        raise
+    except BaseException:  # NOTE: as serve_on_pool's
+        log.exception("gRPC %s: unexpected error outside the method", method)
+        return Outcome(code=grpc.StatusCode.INTERNAL, details="internal error", trailing=call.trailing)
+
+
+async def drive(steps: Steps[T], deadline_passed: Callable[[], bool] = lambda: False) -> T:
+    """Loop thread: run_blocking's twin: await each wait of a flow; a cancelled call withdraws its job and ends the flow.
+
+    A cancel at the client's deadline ends the flow as its own timeout would (DEADLINE_EXCEEDED, counted as such).
+    """
+    try:
+        wait = next(steps)
+        while True:
+            try:
+                value = await reply_of(wait)
+            except asyncio.CancelledError:  # the client left, or its deadline came: record that, then the task ends
+                wait.abandon()
+                _end_cancelled(steps, ReplyTimeout if deadline_passed() else FutureCancelled)
+                raise
+            except (ReplyTimeout, FutureCancelled, Exception) as exc:
+                wait = steps.throw(exc)
+            else:
+                wait = steps.send(value)
+    except StopIteration as done:
+        return done.value
+
+
+def _end_cancelled(steps: Steps[Any], why: type[BaseException]) -> None:
+    """Throw the cancel (or the timeout) into a flow until it ends (any job it still queues is withdrawn at once)."""
+    while True:
+        try:
+            wait = steps.throw(why())
+        except (StopIteration, Aborted, FutureCancelled, ReplyTimeout):
+            return
+        wait.abandon()
+
+
+async def reply_of(wait: Wait) -> Any:
+    """Loop thread: the job's outputs (or its failure), without a thread: the executor wakes the loop once it replies."""
+    loop = asyncio.get_running_loop()
+    replied = loop.create_future()
+    reply = wait.job.future
+    reply.on_done(lambda: loop.call_soon_threadsafe(_settle, replied))
+    try:
+        async with asyncio.timeout(wait.timeout):
+            await replied
+    except TimeoutError:
+        raise ReplyTimeout() from None
+    return reply.result(0)
+
+
+def _settle(replied: asyncio.Future[None]) -> None:
+    if not replied.done():
+        replied.set_result(None)
+
+
 def unary(behavior: Behavior, request_type: Any, method: str, capacity: Capacity, pool: ThreadPoolExecutor,
           refuse: Refuse, noted: Callable[[str], None] | None = None) -> grpc.RpcMethodHandler:
-    """A unary method's handler: message with a deadline, admission, the work on `pool`, the answer from the loop."""
+    """A unary method's handler: its message within the deadline, admission, its flow on the loop (or the pool), the answer."""
 
     async def handle(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
         raw = await first_message(requests, context, capacity)
@@ -202,18 +303,26 @@ def unary(behavior: Behavior, request_type: Any, method: str, capacity: Capacity
             capacity.refuse("working")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"this worker is at its limit of {capacity.max_working} gRPC calls at once; retry")
+        peer = context.peer()
         if noted is not None:
-            noted(context.peer())
-        call = CallContext(context.invocation_metadata() or (), context.peer(), context.time_remaining())
+            noted(peer)
+        call = CallContext(context.invocation_metadata() or (), peer, context.time_remaining())
         capacity.working += 1
-        loop = asyncio.get_running_loop()
-        work = pool.submit(serve_on_pool, behavior, request_type, method, refuse, raw, call)
-        work.add_done_callback(lambda _: loop.call_soon_threadsafe(_worked, capacity))
-        try:
-            outcome = await asyncio.wrap_future(work)
-        except asyncio.CancelledError:  # the client cancelled, or its deadline passed: stop what can still be stopped
-            call.cancel()
-            raise
+        if len(raw) <= INLINE_MAX_BYTES:
+            try:
+                outcome = await serve_on_loop(behavior, request_type, method, refuse, raw, call)
+            finally:
+                capacity.working -= 1
+        else:  # NOTE: decoding a large message would hold the loop (every call's I/O, the health checks): a pool thread
+            loop = asyncio.get_running_loop()
+            outcome_of: asyncio.Future[Outcome] = loop.create_future()
+            pool.submit(_serve_and_hand_back, loop, outcome_of, capacity, behavior, request_type, method, refuse, raw, call)
+            try:
+                outcome = await outcome_of
+            except asyncio.CancelledError:  # the client cancelled: withdraw its queued job (at its deadline the flow times out)
+                if not call.deadline_passed():
+                    call.cancel()
+                raise
         if outcome.trailing:
             context.set_trailing_metadata(outcome.trailing)
         if outcome.code != grpc.StatusCode.OK:
@@ -223,9 +332,18 @@ def unary(behavior: Behavior, request_type: Any, method: str, capacity: Capacity
     return grpc.stream_unary_rpc_method_handler(handle)
 
 
-def _worked(capacity: Capacity) -> None:
-    """Loop thread: a pool thread finished its call."""
+def _serve_and_hand_back(loop: asyncio.AbstractEventLoop, outcome_of: asyncio.Future[Outcome], capacity: Capacity,
+                         *work: Any) -> None:
+    """Pool thread: serve the call, then wake the loop once with its outcome (one self-pipe write per call)."""
+    outcome = serve_on_pool(*work)
+    loop.call_soon_threadsafe(_hand_back, outcome_of, capacity, outcome)
+
+
+def _hand_back(outcome_of: asyncio.Future[Outcome], capacity: Capacity, outcome: Outcome) -> None:
+    """Loop thread: the call's slot is free again; its handler gets the outcome (unless the client left)."""
     capacity.working -= 1
+    if not outcome_of.done():
+        outcome_of.set_result(outcome)
 
 
 def service_handler(service: Any, servicer: Any, capacity: Capacity, pool: ThreadPoolExecutor, refuse: Refuse,

@@ -10,10 +10,11 @@ import grpc
 from server.errors import ApiError, InvalidArgument
 from server.http import instrument
 from server.http.codecs.v2 import tensor_metadata, v2_datatype
-from server.http.common import model_address, predict
+from server.http.common import model_address, predict_steps
 from server.http.v2 import SERVER_VERSION
 from server.rpc import messages, v2_tensors
 from server.rpc.calls import Calls, timeout_for
+from server.worker.flow import Steps
 from server.worker.registry import AVAILABLE, ModelVersion
 
 SERVICE = "inference.GRPCInferenceService"
@@ -77,7 +78,7 @@ class InferenceService:
     def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self.messages.ModelInferResponse()
 
-        def work() -> tuple[Any, ModelVersion]:
+        def work() -> Steps[tuple[Any, ModelVersion]]:
             target = self._target(request.model_name, request.model_version)
             instrument.set_version(target.version)
             started = time.perf_counter()
@@ -100,7 +101,7 @@ class InferenceService:
             for name in wanted:
                 if name not in signature.outputs:
                     raise InvalidArgument(f"unknown output {name!r}; the model gives {sorted(signature.outputs)}")
-            _, outputs = predict(target, signature.name, inputs, started, timeout_for(context, target))
+            _, outputs = yield from predict_steps(target, signature.name, inputs, started, timeout_for(context, target))
             started = time.perf_counter()
             response.model_name = target.name
             response.model_version = str(target.version)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as ReplyTimeout
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["Reply", "ReplyTimeout"]
 
@@ -22,7 +22,7 @@ FINAL = (FINISHED, CANCELLED)
 class Reply:
     """Set once by the executor, read by the request thread that submitted the job."""
 
-    __slots__ = ("_state", "_lock", "_final", "_value", "_error")
+    __slots__ = ("_state", "_lock", "_final", "_value", "_error", "_callback")
 
     def __init__(self) -> None:
         self._state = PENDING
@@ -31,6 +31,18 @@ class Reply:
         self._final.acquire()  # released once, by the change to FINISHED or CANCELLED
         self._value: Any = None
         self._error: BaseException | None = None
+        self._callback: Callable[[], None] | None = None  # one waiter that is not a thread (server.rpc.transport's loop)
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the reply is final, on whichever thread makes it final (at once if it is).
+
+        NOTE: the callback runs on the executor thread: it must only hand over (call_soon_threadsafe), never work.
+        """
+        with self._lock:
+            if self._state not in FINAL:
+                self._callback = callback
+                return
+        callback()
 
     def set_running_or_notify_cancel(self) -> bool:
         """Executor: claim the job; False when the requester cancelled it first."""
@@ -46,7 +58,10 @@ class Reply:
             if self._state != PENDING:
                 return False
             self._state = CANCELLED
+            callback = self._callback
         self._final.release()
+        if callback is not None:
+            callback()
         return True
 
     def cancelled(self) -> bool:
@@ -70,7 +85,10 @@ class Reply:
             if self._state in FINAL:
                 return False
             self._value, self._error, self._state = value, error, FINISHED
+            callback = self._callback
         self._final.release()
+        if callback is not None:
+            callback()
         return True
 
     def result(self, timeout: float | None = None) -> Any:

@@ -65,6 +65,7 @@ class Server:
     grpc_port: int = field(default_factory=free_port)  # FORKSERVE_GRPC_BIND (env can override it, "" turns gRPC off)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
+    root: Path = ROOT  # the checkout whose gunicorn.conf.py and server package run (bench.grpc_ab: another commit's)
 
     @property
     def url(self) -> str:
@@ -95,7 +96,7 @@ class Server:
             command = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", *command]
             env["HOME"] = str(self.run_dir)
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(command, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=self.new_session)
         if timeout:
             self.wait_workers_loaded(self.workers, timeout)

@@ -4,32 +4,53 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import grpc
+import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as open_inference_pb2  # NOTE: the test process's V2 protos (one pool)
 
 from server.rpc import transport
-from server.rpc.protos import open_inference_pb2
+from server.worker.executor import ModelExecutor
+from server.worker.flow import Wait
+
+
+def wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 SERVICE = open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 LIVE = "/inference.GRPCInferenceService/ServerLive"
 
 
 class Servicer:
-    """ServerLive waits until released (a call at work); ServerReady answers at once; every cancel is noted."""
+    """ServerLive queues a job on a real model executor whose model waits until released; ServerReady answers at once.
+
+    Large ServerLive messages (over INLINE_MAX_BYTES) run on the pool, small ones on the loop.
+    """
 
     def __init__(self) -> None:
         self.release = threading.Event()
-        self.cancelled = threading.Event()
-        self.working = threading.Semaphore(0)
+        self.started = threading.Semaphore(0)  # released once per batch the model begins
+        self.batches = 0
+        self.executor = ModelExecutor("gated", self.model, max_batch_size=1, max_batch_delay_s=0.0, max_queue_rows=100)
+        self.executor.start()
+
+    def model(self, signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.batches += 1
+        self.started.release()
+        self.release.wait(30)
+        return {"live": inputs["x"]}
 
     def ServerLive(self, request: Any, context: transport.CallContext) -> Any:
-        context.add_cancel_callback(self.cancelled.set)
-        self.working.release()
-        self.release.wait(30)
-        return open_inference_pb2.ServerLiveResponse(live=context.is_active())
+        job = self.executor.submit("serving_default", {"x": np.ones((1, 1))}, 1, True)
+        outputs = yield Wait(self.executor, job, 30.0)
+        return open_inference_pb2.ServerLiveResponse(live=bool(outputs["live"][0, 0]))
 
     def ServerReady(self, request: Any, context: transport.CallContext) -> Any:
         context.set_trailing_metadata((("x-answered", "ready"),))
@@ -52,7 +73,7 @@ class Running:
         self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
 
     async def _start(self) -> int:
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 << 20)])
         self.server.add_generic_rpc_handlers([transport.service_handler(
             SERVICE, self.servicer, self.capacity, self.pool, lambda call, method, code, details: self.refused.append((method, code)))])
         port = self.server.add_insecure_port("127.0.0.1:0")
@@ -121,27 +142,40 @@ def test_a_call_whose_message_never_comes_ends_at_the_receive_deadline(running: 
             release.set()
     assert error is not None and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "did not arrive within 1s" in error.details()
-    assert running.capacity.receiving == 0  # its slot was given back
+    wait_until(lambda: running.capacity.receiving == 0, "its receiving slot to be given back")
 
 
-def test_calls_past_the_cap_are_refused_at_once_and_a_cancelled_call_keeps_its_slot_until_its_work_ends(
-        running: Running) -> None:
-    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+def large_live_request() -> bytes:
+    """A ServerLiveRequest over INLINE_MAX_BYTES (an unknown field of padding): served on the pool."""
+    padding = b"p" * (transport.INLINE_MAX_BYTES + 1)
+    size, varint = len(padding), b""
+    while size >= 0x80:
+        varint += bytes([size & 0x7F | 0x80])
+        size >>= 7
+    return b"\xfa\x07" + varint + bytes([size]) + padding  # field 127, length-delimited
+
+
+@pytest.mark.parametrize("where", ["loop", "pool"])
+def test_calls_past_the_cap_are_refused_at_once_and_a_cancelled_call_withdraws_its_queued_job(
+        running: Running, where: str) -> None:
+    message = b"" if where == "loop" else large_live_request()
+    servicer = running.servicer
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}", options=[("grpc.max_send_message_length", 8 << 20)]) as channel:
         live = channel.unary_unary(LIVE, request_serializer=None, response_deserializer=None)
-        first, second = live.future(b"", timeout=30), live.future(b"", timeout=30)
-        assert running.servicer.working.acquire(timeout=10) and running.servicer.working.acquire(timeout=10)
-        with pytest.raises(grpc.RpcError) as caught:
-            live(b"", timeout=10)
+        first = live.future(message, timeout=30)
+        assert servicer.started.acquire(timeout=10)  # the model runs the first call's job (and waits)
+        queued = live.future(message, timeout=30)  # the second call's job waits in the executor's queue
+        wait_until(lambda: servicer.executor.queued_rows == 1, "the second job to queue")
+        with pytest.raises(grpc.RpcError) as caught:  # two calls at work: the cap
+            live(message, timeout=10)
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "limit of 2" in caught.value.details()
-        first.cancel()
-        assert running.servicer.cancelled.wait(10)  # the work heard of it (a queued job would be withdrawn)
-        with pytest.raises(grpc.RpcError) as caught:  # its pool thread still works: still no room
-            live(b"", timeout=10)
-        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        running.servicer.release.set()
-        assert open_inference_pb2.ServerLiveResponse.FromString(second.result(timeout=10)).live
-        answer = live(b"", timeout=10)  # both slots free again
-        assert open_inference_pb2.ServerLiveResponse.FromString(answer).live
+        queued.cancel()
+        wait_until(lambda: servicer.executor.queued_rows == 0, "the cancelled call's job to leave the queue")
+        servicer.release.set()
+        assert open_inference_pb2.ServerLiveResponse.FromString(first.result(timeout=10)).live
+        wait_until(lambda: running.capacity.working == 0, "both slots to be free")
+        assert open_inference_pb2.ServerLiveResponse.FromString(live(message, timeout=10)).live
+    assert servicer.batches == 2  # the first call and the last: the cancelled job never ran
 
 
 def test_a_cancel_callback_added_after_the_cancel_runs_at_once() -> None:
