@@ -137,3 +137,23 @@ def test_the_lock_outlives_a_sigkilled_master_while_a_child_lives_and_is_freed_w
         holder.stdin.close()  # the child reads EOF and exits
     wait_until(lambda: not pid_alive(child), 10, "the child to exit")
     claim(f"127.0.0.1:{port}").close()
+
+
+READS_SETTINGS = textwrap.dedent("""
+    import runpy, sys
+    from server.cli.main import main
+    from server.master.grpc_port import claim
+    runpy.run_path("gunicorn.conf.py")  # what every start and `gunicorn --check-config` evaluate
+    main(["validate", "mlp", sys.argv[2], "--models", sys.argv[3]])  # refused (no such source), after reading settings
+    claim(sys.argv[1]).close()  # raises if anything above had claimed the port
+    print("claimed")
+""")
+
+
+def test_only_the_masters_start_claims_the_port_not_the_config_or_the_cli(tmp_path: Path) -> None:
+    port = _free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FORKSERVE_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    env = {**clean, "FORKSERVE_RUN_DIR": str(tmp_path / "run"), "FORKSERVE_GRPC_BIND": f"127.0.0.1:{port}"}
+    done = subprocess.run([sys.executable, "-c", READS_SETTINGS, f"127.0.0.1:{port}", str(tmp_path / "absent"), str(tmp_path)],
+                          cwd=Path(__file__).resolve().parents[3], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[-1:] == ["claimed"], done.stderr
