@@ -30,7 +30,7 @@ NEVER_AN_EXIT_STATUS = -1  # what the arbiter's boot-error constants become once
 
 _controller: Any = None  # the master's RolloutController (one per master process)
 _start_config = ServerConfig()  # what on_starting validated; the controller starts from it
-_grpc_port_lock: socket.socket | None = None  # held until the master exits (grpc_port.claim); never closed by hand
+_grpc_port_lock: socket.socket | None = None  # grpc_port.claim; never closed by hand: the exit releases it, after on_exit
 
 
 def on_starting(server: Any) -> None:
