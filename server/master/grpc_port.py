@@ -1,6 +1,8 @@
-"""The master's check that nobody listens on the gRPC port yet: SO_REUSEPORT would let us share it silently.
+"""The master's claim on the gRPC port: a lock only one forkserve holds, and a check that nobody else listens on it.
 
 Runs in the master, before the first worker forks; plain sockets only (the master never imports grpc).
+SO_REUSEPORT would otherwise let a second forkserve share the port silently: its workers bind it
+once their models are warm, whatever the first's workers are doing.
 """
 
 from __future__ import annotations
@@ -9,6 +11,44 @@ import socket
 from pathlib import Path
 
 MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
+LOCK_NAME = "forkserve-grpc-port-{port}"  # an abstract Unix socket name: `ss -xap | grep forkserve-grpc-port` shows who holds it
+
+
+class PortTaken(Exception):
+    """The gRPC port cannot be this server's; the message is the one line to refuse the start with."""
+
+
+def claim(bind: str) -> socket.socket:
+    """Master, at start: the lock that makes `bind`'s port this server's until its last process exits.
+
+    Raises PortTaken when another forkserve holds the port's lock or any process listens on it.
+    NOTE: the lock is an abstract Unix socket named after the port alone: binding it is atomic
+    (EADDRINUSE for the second master, however close the two starts), it lives in the network
+    namespace as the port does, needs no file, and the kernel releases it when the last process
+    holding it exits, SIGKILL included. A TCP socket cannot be that lock: one the workers can still
+    bind beside (SO_REUSEADDR or SO_REUSEPORT) lets another forkserve's grpc-core bind too, and one
+    without either keeps this server's own workers out (and fails after a restart, on the last
+    run's TIME_WAIT connections). The workers inherit the socket through fork, and so keep the port
+    owned while they live: a SIGKILLed master's workers go on loading, then bind the port.
+    Keep the socket referenced: it is closed (the lock released) when collected.
+    """
+    try:
+        _, port = split_address(bind)
+    except ValueError as exc:
+        raise PortTaken(f"gRPC address {bind!r}: {exc}") from None
+    name = LOCK_NAME.format(port=port)
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        lock.bind(b"\0" + name.encode())
+    except OSError as exc:
+        lock.close()
+        raise PortTaken(f"gRPC port {bind} is taken ({exc.strerror}): another forkserve holds port {port}, "
+                        f"starting or serving (ss -xap | grep @{name}); stop it or set FORKSERVE_GRPC_BIND "
+                        "(\"\" turns gRPC off)") from None
+    if problem := problem_with(bind):
+        lock.close()
+        raise PortTaken(problem)
+    return lock
 
 
 def split_address(bind: str) -> tuple[str, int]:

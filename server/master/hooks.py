@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -29,11 +30,12 @@ NEVER_AN_EXIT_STATUS = -1  # what the arbiter's boot-error constants become once
 
 _controller: Any = None  # the master's RolloutController (one per master process)
 _start_config = ServerConfig()  # what on_starting validated; the controller starts from it
+_grpc_port_lock: socket.socket | None = None  # grpc_port.claim; never closed by hand: the exit releases it, after on_exit
 
 
 def on_starting(server: Any) -> None:
     """Master, before the listeners open: refuse to start on a bad configuration, prepare the run directory."""
-    global _start_config
+    global _start_config, _grpc_port_lock
     settings = Settings.current()
     _share_gunicorn_log(server)
     try:
@@ -54,9 +56,11 @@ def on_starting(server: Any) -> None:
         _refuse_to_start(server, exc)
     except OSError as exc:
         _refuse_to_start(server, f"run directory {settings.run_dir}: {exc}")
-    taken = grpc_port.problem_with(settings.grpc_bind) if settings.grpc_bind else None
-    if taken:
-        _refuse_to_start(server, taken)
+    if settings.grpc_bind:
+        try:
+            _grpc_port_lock = grpc_port.claim(settings.grpc_bind)
+        except grpc_port.PortTaken as exc:
+            _refuse_to_start(server, exc)
     if settings.grpc_bind and (migrate := grpc_port.migrate_warning()):
         server.log.warning("forkserve: %s", migrate)
     if settings.balance_connections and compat.verified("gunicorn"):  # relies on gthread's internals (compat)

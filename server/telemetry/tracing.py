@@ -32,12 +32,14 @@ DEFAULT_SERVICE_NAME = "forkserve"
 EXIT_FLUSH_S = 1.5  # a stopping worker gives its exporter this long (an endpoint that hangs must not hold it)
 EXPORT_FAILURE_REPORT_S = 60.0  # a collector that is down is reported once a minute per worker, not every retry
 DROP_REASONS = ("queue_full", "export_failed")
-ROUTES = {  # http.route by api; "/versions/{version}" is inserted when the path names one
-    "tfserving_predict": "/v1/models/{model}:predict",
-    "tfserving_classify": "/v1/models/{model}:classify",
-    "tfserving_regress": "/v1/models/{model}:regress",
-    "v2_infer": "/v2/models/{model}/infer",
-}
+TFSERVING_VERBS = {"tfserving_predict": "predict", "tfserving_classify": "classify", "tfserving_regress": "regress"}
+ROUTES = frozenset(  # every http.route (and span name, after the method) a request can get; anything else gets none
+    [f"/v1/models/{{model}}{middle}:{verb}" for verb in TFSERVING_VERBS.values()
+     for middle in ("", "/versions/{version}", "/labels/{label}")]
+    + ["/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer"])
+# NOTE: the paths the Flask views (server.http.tfserving PATH_RE, server.http.v2) and the fast path accept
+TFSERVING_PATH = re.compile(r"/v1/models/[^/:]+(?:(/versions/)[^/:]+|(/labels/)[^/:]+)?:([A-Za-z]+)/?")
+V2_INFER_PATH = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?/infer")
 
 _tracer: Any = None
 _propagator: Any = None
@@ -297,16 +299,17 @@ def begin(inference: Any, carrier: Any = None, method: str = "") -> None:
             environ = carrier if carrier is not None else _flask_environ()
             parent = _propagator.extract(environ, getter=ENVIRON_GETTER)
             path = environ.get("PATH_INFO", "")
-            route = ROUTES.get(inference.api, path)
-            if "/versions/" in path and route is not path:
-                route = route.replace("{model}", "{model}/versions/{version}")
+            route = http_route(inference.api, path)
+            # NOTE: only POSTs begin (the fast path, the views' POST branch), so the method is one semconv knows
             http_method = environ.get("REQUEST_METHOD", "POST")
-            name = f"{http_method} {route}"
-            attributes = {"http.request.method": http_method, "url.path": path, "http.route": route,
+            name = f"{http_method} {route}" if route is not None else http_method  # semconv: "{method}" when no route
+            attributes = {"http.request.method": http_method, "url.path": path,
                           "url.scheme": environ.get("wsgi.url_scheme", "http"),
                           "network.protocol.name": "http",
                           "network.protocol.version": environ.get("SERVER_PROTOCOL", "HTTP/1.1").rpartition("/")[2],
                           "client.address": environ.get("REMOTE_ADDR", "")}
+            if route is not None:
+                attributes["http.route"] = route
             host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
             if host:
                 address, _, port = host.rpartition(":") if host.rpartition(":")[2].isdigit() else (host, "", "")
@@ -326,6 +329,26 @@ def begin(inference: Any, carrier: Any = None, method: str = "") -> None:
     except Exception as exc:  # NOTE: a tracing bug costs the trace, never the request
         _preset.trace_id = 0
         _log_once("tracing a request failed: %r", exc)
+
+
+def http_route(api: str, path: str) -> str | None:
+    """The route template of a REST request to `api` at `path` (one of ROUTES), or None when it is none of them.
+
+    NOTE: an unknown verb, a malformed path or a path of another API has no route: a raw path as a
+    span name or http.route would make one name per path (a client chooses them, thousands of
+    characters long).
+    """
+    if api == "v2_infer":
+        match = V2_INFER_PATH.fullmatch(path)
+        if match is None:
+            return None
+        return "/v2/models/{model}/versions/{version}/infer" if match[1] else "/v2/models/{model}/infer"
+    verb = TFSERVING_VERBS.get(api)
+    match = TFSERVING_PATH.fullmatch(path) if verb is not None else None
+    if match is None or match[3].lower() != verb:
+        return None
+    middle = "/versions/{version}" if match[1] else "/labels/{label}" if match[2] else ""
+    return f"/v1/models/{{model}}{middle}:{verb}"
 
 
 def _traceparent(inference: Any, carrier: Any) -> str:

@@ -45,7 +45,10 @@ def refused_start(tmp_path: Path, models: Path, grpc_bind: str) -> tuple[int, li
                     env={"FORKSERVE_GRPC_BIND": grpc_bind})
     server.start(timeout=0)
     assert server.process is not None
-    code = server.process.wait(120)
+    try:
+        code = server.process.wait(60)
+    finally:
+        server.stop()  # one that was not refused (a failing test) must not outlive it
     errors = [line for line in server.log().splitlines() if "[ERROR]" in line or "Traceback" in line]
     return code, errors
 
@@ -108,6 +111,41 @@ def test_a_second_forkserve_on_the_same_grpc_port_is_refused_and_the_first_keeps
         assert states[connected - 1:] == [grpc.ChannelConnectivity.READY]  # never left READY: the same connection
     finally:
         channel.close()
+
+
+def test_the_port_is_owned_from_the_masters_start_to_its_exit(model_repo: Path, tmp_path: Path) -> None:
+    """A second forkserve is refused while the first's workers still load (nobody listens yet); a third starts at once after.
+
+    NOTE: the second master's start (a gunicorn process, no TensorFlow) is over long before the
+    first's worker has imported TensorFlow and warmed its model; the empty listener set checked
+    after the refusal proves it. Without the master's lock the second passed the listener check
+    and both servers' workers shared the port.
+    """
+    repo = copy_models(model_repo, tmp_path / "models", "mlp")
+    owner = Server(models_dir=repo, run_dir=tmp_path / "owner", workers=1)
+    owner.start(timeout=0)
+    try:
+        wait_until(lambda: "forkserve: run directory" in owner.log(), 60, "the first master's claim", interval=0.01)
+        code, errors = refused_start(tmp_path, repo, owner.grpc_target)
+        assert not listening_pids(owner.grpc_port)  # the first's worker was still loading: the lock refused the second
+        assert code != 0 and len(errors) == 1, errors
+        assert (f"cannot start: gRPC port {owner.grpc_target} is taken (Address already in use): "
+                f"another forkserve holds port {owner.grpc_port}") in errors[0]
+        [worker] = owner.wait_workers_loaded(1)
+        with grpc.insecure_channel(owner.grpc_target) as channel:
+            call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.with_call(MLP, timeout=30)
+        assert dict(call[1].trailing_metadata())["x-forkserve-worker"] == str(worker)
+    finally:
+        assert owner.stop() == 0
+    successor = Server(models_dir=repo, run_dir=tmp_path / "successor", workers=1, grpc_port=owner.grpc_port).start()
+    try:
+        [worker] = successor.worker_pids()
+        assert listening_pids(successor.grpc_port) == {worker}
+        with grpc.insecure_channel(successor.grpc_target) as channel:
+            call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.with_call(MLP, timeout=30)
+        assert dict(call[1].trailing_metadata())["x-forkserve-worker"] == str(worker)
+    finally:
+        assert successor.stop() == 0
 
 
 @pytest.mark.parametrize("reuseport", [False, True], ids=["plain (TF Serving)", "SO_REUSEPORT (grpc-core's default)"])

@@ -20,6 +20,8 @@ import pytest
 import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tritonclient.grpc.service_pb2 import InferTensorContents, ModelInferRequest
+from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
 from tests.e2e.conftest import copy_models
 from tests.e2e.harness import Server, wait_until
@@ -105,7 +107,8 @@ def test_flask_views_and_v2_are_traced_too(traced: Server, receiver: Receiver) -
     header, trace_id, parent_id = traceparent()
     answer = traced.post("/v1/models/mlp/labels/stable:predict", json={"instances": [ROW]}, headers={"traceparent": header})
     assert answer.status_code == 200 and answer.headers["X-Trace-Id"] == trace_id
-    assert server_span(receiver, trace_id).parent_id == parent_id
+    span = server_span(receiver, trace_id)
+    assert span.parent_id == parent_id and span.name == "POST /v1/models/{model}/labels/{label}:predict"
     header, trace_id, parent_id = traceparent()
     body = {"inputs": [{"name": "features", "shape": [1, 20], "datatype": "FP32", "data": ROW}]}
     answer = traced.post("/v2/models/mlp/versions/1/infer", json=body, headers={"traceparent": header})
@@ -113,6 +116,47 @@ def test_flask_views_and_v2_are_traced_too(traced: Server, receiver: Receiver) -
     span = server_span(receiver, trace_id)
     assert span.parent_id == parent_id and span.attributes["http.route"] == "/v2/models/{model}/versions/{version}/infer"
     assert {"decode", "queue", "compute", "encode"} <= wait_until(lambda: children(receiver, span).keys(), 10, "children")
+
+
+@pytest.mark.parametrize(("path", "status", "name"), [
+    ("/v1/models/mlp/versions/1:predict", 200, "POST /v1/models/{model}/versions/{version}:predict"),  # the fast path
+    ("/v1/models/nope-123/versions/7:regress", 404, "POST /v1/models/{model}/versions/{version}:regress"),
+    ("/v2/models/nope-123/infer", 404, "POST /v2/models/{model}/infer"),
+    ("/v1/models/m-123:frobnicate-456", 404, "POST"),  # the catch-all view, api "tfserving_other"
+    ("/v1/models/mlp:" + "frobnicate" * 300, 404, "POST"),
+    ("/v1/models/mlp/metadata", 405, "POST"),
+    ("/v1/models/a/b/c:predict", 404, "POST"),
+])
+def test_span_names_are_route_templates_and_a_path_of_no_route_is_named_by_its_method(
+        traced: Server, receiver: Receiver, path: str, status: int, name: str) -> None:
+    """OpenTelemetry's HTTP conventions: "{method} {http.route}", or "{method}" and no http.route; never the raw path."""
+    header, trace_id, _ = traceparent()
+    body = {"inputs": [{"name": "features", "shape": [1, 20], "datatype": "FP32", "data": ROW}]} if path.startswith("/v2") \
+        else {"instances": [ROW]}
+    answer = traced.post(path, json=body, headers={"traceparent": header})
+    assert answer.status_code == status and answer.headers["X-Trace-Id"] == trace_id
+    span = server_span(receiver, trace_id)
+    assert span.name == name and span.attributes["url.path"] == path
+    assert span.attributes.get("http.route") == (name.partition(" ")[2] or None)
+
+
+def test_grpc_span_names_are_registered_methods_only(traced: Server, receiver: Receiver) -> None:
+    """A method grpcio has no handler for is UNIMPLEMENTED before forkserve's code: no span; V2 is named as TF Serving is."""
+    header, unknown_trace, _ = traceparent()
+    with grpc.insecure_channel(traced.grpc_target) as channel:
+        frobnicate = channel.unary_unary("/tensorflow.serving.PredictionService/Frobnicate-456")
+        with pytest.raises(grpc.RpcError) as refused:
+            frobnicate(b"", metadata=(("traceparent", header),), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        request = ModelInferRequest(model_name="mlp", inputs=[ModelInferRequest.InferInputTensor(
+            name="features", datatype="FP32", shape=[1, 20], contents=InferTensorContents(fp32_contents=ROW))])
+        header, trace_id, _ = traceparent()
+        _, call = GRPCInferenceServiceStub(channel).ModelInfer.with_call(request, metadata=(("traceparent", header),), timeout=30)
+    assert dict(call.trailing_metadata())["x-trace-id"] == trace_id
+    span = server_span(receiver, trace_id)  # NOTE: one worker exports its spans in the order they ended
+    assert span.name == "inference.GRPCInferenceService/ModelInfer" and span.attributes["rpc.method"] == "ModelInfer"
+    assert not receiver.in_trace(unknown_trace)
+    assert not [s.name for s in receiver.spans if "Frobnicate" in s.name]
 
 
 def test_without_traceparent_a_request_starts_a_trace(traced: Server, receiver: Receiver) -> None:

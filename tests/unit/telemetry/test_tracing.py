@@ -62,3 +62,37 @@ def test_an_errors_span_message_never_quotes_a_handler() -> None:
     assert trace.error == ("InvalidArgument", "input 'x' takes float32 numbers")
     tracing.note_error(trace, KeyError("secret"))
     assert trace.error == ("KeyError", "internal error")
+
+
+@pytest.mark.parametrize(("api", "path", "route"), [
+    ("tfserving_predict", "/v1/models/mlp:predict", "/v1/models/{model}:predict"),
+    ("tfserving_predict", "/v1/models/mlp/versions/12:predict", "/v1/models/{model}/versions/{version}:predict"),
+    ("tfserving_predict", "/v1/models/mlp/labels/stable:PREDICT/", "/v1/models/{model}/labels/{label}:predict"),
+    ("tfserving_classify", "/v1/models/versions:classify", "/v1/models/{model}:classify"),  # a model named "versions"
+    ("tfserving_regress", "/v1/models/m/labels/versions:regress", "/v1/models/{model}/labels/{label}:regress"),
+    ("v2_infer", "/v2/models/mlp/infer", "/v2/models/{model}/infer"),
+    ("v2_infer", "/v2/models/mlp/versions/1/infer", "/v2/models/{model}/versions/{version}/infer"),
+    ("v2_infer", "/v2/models/no-such-model-123/infer", "/v2/models/{model}/infer"),  # a 404, on a route all the same
+])
+def test_a_request_on_a_route_gets_its_template(api: str, path: str, route: str) -> None:
+    assert tracing.http_route(api, path) == route and route in tracing.ROUTES
+
+
+@pytest.mark.parametrize(("api", "path"), [
+    ("tfserving_other", "/v1/models/m-123:frobnicate-456"),  # an unknown verb (the catch-all view's api)
+    ("tfserving_other", "/v1/models/mlp:" + "x" * 3000),
+    ("tfserving_other", "/v1/models/mlp/metadata"),  # a POST to a GET route
+    ("tfserving_predict", "/v1/models/a/b/c:predict"),  # malformed, but _verb_of says predict
+    ("tfserving_predict", "/v1/models/mlp:classify"),  # the path's verb is not the api's
+    ("tfserving_predict", "/v1/models/mlp/versions/1/labels/x:predict"),
+    ("tfserving_predict", "/v1/models/mlp:predict\n"),
+    ("v2_infer", "/v2/models/mlp/versions/1/2/infer"),
+    ("v2_infer", "/v2/models/mlp/infer/" + "y" * 3000),
+    ("", "/v1/models/mlp:predict"),
+])
+def test_a_request_on_no_route_gets_none(api: str, path: str) -> None:
+    assert tracing.http_route(api, path) is None
+
+
+def test_the_route_set_is_small_and_fixed() -> None:
+    assert len(tracing.ROUTES) == 11 and all(len(route) < 60 and "{model}" in route for route in tracing.ROUTES)
