@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, NoReturn
 
-from server import compat, connection_board
+from server import compat, connection_board, tls
 from server import run_dir as run_directory
 from server.config import ConfigError, ServerConfig, load_config
 from server.master import cpus, grpc_port
@@ -54,6 +54,12 @@ def on_starting(server: Any) -> None:
         _refuse_to_start(server, exc)
     except OSError as exc:
         _refuse_to_start(server, f"run directory {settings.run_dir}: {exc}")
+    try:
+        material = tls.current(settings)  # NOTE: before the listeners open: gunicorn only checks that certfile exists
+    except tls.TlsError as exc:
+        _refuse_to_start(server, exc)
+    if material is not None:
+        server.log.info("forkserve: TLS on both ports: %s", material.describe(settings))
     taken = grpc_port.problem_with(settings.grpc_bind) if settings.grpc_bind else None
     if taken:
         _refuse_to_start(server, taken)
@@ -93,7 +99,7 @@ def when_ready(server: Any) -> None:
         backoff=settings.rollout_backoff,
     )
     _controller = RolloutController(
-        Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config,
+        Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config, settings,
     )
     _controller.publish_initial_target()
     server.handle_hup = lambda: _controller.request_reload("SIGHUP")

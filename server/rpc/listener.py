@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha import reflection
 
 from server import connection_board
 from server.master.grpc_port import split_address
-from server.rpc import balance, sockets, tfserving, v2
+from server.rpc import balance, sockets, tfserving, tls, v2
 from server.rpc.calls import Calls
 from server.rpc.health import ModelHealth
 from server.settings import Settings
@@ -67,6 +67,7 @@ class GrpcListener:
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="forkserve-grpc")
         self.balancing = slot is not None and connection_board.GRPC_BOARD is not None
+        self.credentials = tls.server_credentials(settings)  # None: plaintext (h2c)
 
     def options(self) -> list[tuple[str, int]]:
         """Channel arguments: REST's body limit for requests, SO_REUSEPORT, and a maximum connection age.
@@ -117,7 +118,10 @@ class GrpcListener:
         reflection.enable_server_reflection(names + [reflection.SERVICE_NAME], server)
         before = sockets.listening(self.port)
         try:
-            port = server.add_insecure_port(self.settings.grpc_bind)
+            if self.credentials is not None:
+                port = server.add_secure_port(self.settings.grpc_bind, self.credentials)
+            else:
+                port = server.add_insecure_port(self.settings.grpc_bind)
         except RuntimeError as exc:
             raise RuntimeError(f"cannot listen for gRPC on {self.settings.grpc_bind}: {exc}") from None
         if not port:
