@@ -221,6 +221,8 @@ def _server_context(chain: bytes, key: bytes, client_ca: bytes | None, cert_path
     except ssl.SSLError as exc:
         if exc.reason in ("KEY_VALUES_MISMATCH", "NO_CERTIFICATE_ASSIGNED"):
             raise TlsError(f"FORKSERVE_TLS_KEY {key_path} is not the key of the certificate in FORKSERVE_TLS_CERT {cert_path}") from None
+        if exc.reason == "EE_KEY_TOO_SMALL":  # OpenSSL's default security level
+            raise TlsError(f"FORKSERVE_TLS_CERT {cert_path}: its key is too small to serve TLS (RSA needs 2048 bits or more)") from None
         raise TlsError(f"FORKSERVE_TLS_KEY {key_path}: not a valid PEM private key ({_reason(exc)})") from None
     except OSError as exc:  # memfd_create or /proc/self/fd refused (too many open files)
         raise TlsError(f"TLS files could not be loaded: {exc}") from None

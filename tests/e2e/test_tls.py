@@ -220,6 +220,18 @@ def test_clients_that_stall_in_the_handshake_hold_no_request_thread_past_the_cli
     assert f"no TLS handshake within {CLIENT_TIMEOUT}s" in tls_server.log()
 
 
+def test_a_client_stalled_mid_body_over_tls_gets_408_after_the_client_timeout(tls_server: Server, pki: dict[str, Pair]) -> None:
+    """The receive timeout forkserve sets on the connection holds under TLS too (the read ends in an SSL error, an OSError)."""
+    context = ssl.create_default_context(cafile=pki["ca"].cert)
+    with socket.create_connection(("127.0.0.1", tls_server.port), timeout=30) as raw, \
+            context.wrap_socket(raw, server_hostname="localhost") as stalled:
+        stalled.sendall(b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 1000\r\n\r\n{\"instances\": [")
+        started = time.monotonic()
+        assert stalled.recv(100).startswith(b"HTTP/1.1 408")
+        assert CLIENT_TIMEOUT - 0.5 < time.monotonic() - started < CLIENT_TIMEOUT + 5
+
+
 # --- mutual TLS: a certificate the client CA signed, or nothing ---------------------------------------------
 
 

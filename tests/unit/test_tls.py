@@ -132,6 +132,13 @@ def test_a_key_that_is_not_the_certificate_s_is_refused(pki: dict[str, Pair]) ->
         f"FORKSERVE_TLS_KEY {pki['other'].key} is not the key of the certificate in FORKSERVE_TLS_CERT {pki['server'].cert}")
 
 
+def test_a_key_too_small_for_openssl_s_security_level_is_named(tmp_path: Path) -> None:
+    subprocess.run([OPENSSL, "req", "-x509", "-newkey", "rsa:1024", "-nodes", "-keyout", str(tmp_path / "small.key"),
+                    "-out", str(tmp_path / "small.pem"), "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True)
+    assert refused(settings_for(tmp_path / "small.pem", tmp_path / "small.key")) == (
+        f"FORKSERVE_TLS_CERT {tmp_path / 'small.pem'}: its key is too small to serve TLS (RSA needs 2048 bits or more)")
+
+
 def test_an_encrypted_key_is_refused_without_prompting(pki: dict[str, Pair], tmp_path: Path) -> None:
     """NOTE: OpenSSL's default is to ask for the passphrase on the terminal: a start that hangs."""
     encrypted = tmp_path / "encrypted.key"
