@@ -66,8 +66,10 @@ class Material:
 
     @property
     def fingerprint(self) -> str:
-        """SHA-256 of the leaf certificate's PEM block, shortened: which certificate a log line means."""
-        return hashlib.sha256(self.chain.split(b"-----END CERTIFICATE-----")[0]).hexdigest()[:16]
+        """The leaf certificate's SHA-256 fingerprint (`openssl x509 -noout -fingerprint -sha256`), its first 8 bytes."""
+        leaf = _CERTIFICATE.search(self.chain)
+        assert leaf is not None
+        return hashlib.sha256(ssl.PEM_cert_to_DER_cert(leaf.group(0).decode("ascii"))).hexdigest()[:16]
 
     def describe(self, settings: Settings) -> str:
         """The files in one phrase, for the log."""
