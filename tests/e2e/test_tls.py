@@ -208,8 +208,7 @@ def test_clients_that_stall_in_the_handshake_hold_no_request_thread_past_the_cli
     try:
         for connection in stalled:
             connection.sendall(b"\x16\x03\x01\x02\x00")
-        time.sleep(0.5)  # NOTE: not a wait for the server: gives gthread the time to hand every one to a thread
-        started = time.monotonic()
+        started = time.monotonic()  # NOTE: gthread takes connections in the order they arrived: these first
         assert tls_server.get("/healthz", timeout=CLIENT_TIMEOUT + 8).status_code == 200
         assert time.monotonic() - started < CLIENT_TIMEOUT + 3
         for connection in stalled:
@@ -350,7 +349,9 @@ def test_a_bad_file_is_kept_out_of_a_rollout_and_a_renewed_certificate_rolls_out
         wait_until(lambda: presented(tls_server.port, pki) == "02" and presented(tls_server.grpc_port, pki, alpn="h2") == "02",
                    120, "a handshake to present the renewed certificate on both ports")
         assert value(samples(tls_server), "forkserve_tls_last_reload_successful") == 1
-        time.sleep(1)  # NOTE: not a wait for the server: a second of calls to the renewed worker, counted below
+        renewed_at = len(rest.answers), len(rpc_codes)
+        wait_until(lambda: len(rest.answers) > renewed_at[0] + 20 and len(rpc_codes) > renewed_at[1] + 20, 60,
+                   "calls to the renewed worker")
     finally:
         rest.finish()
         stop.set()
