@@ -13,6 +13,9 @@ try:
 except (RunDirError, ValueError) as exc:  # one line, not gunicorn's "Failed to read config file" and a traceback
     raise SystemExit(f"forkserve: cannot start: {exc}") from None
 
+import ssl as _ssl  # noqa: E402
+
+from server import tls  # noqa: E402
 from server.master import hooks as master  # noqa: E402
 from server.telemetry.access_log import FORMAT  # noqa: E402
 from server.worker import hooks as worker  # noqa: E402
@@ -32,6 +35,12 @@ loglevel = _settings.log_level
 accesslog = "-" if _settings.access_log else None
 access_log_format = FORMAT
 logger_class = "server.telemetry.access_log.AccessLogger"  # writes access lines in bulk (see its docstring)
+if _settings.tls:  # FORKSERVE_TLS_*: HTTPS on REST (gRPC: server.rpc.tls); the master checks the files in on_starting
+    certfile = str(_settings.tls_cert)
+    keyfile = str(_settings.tls_key)
+    ca_certs = str(_settings.tls_client_ca) if _settings.tls_client_ca else None
+    cert_reqs = _ssl.CERT_REQUIRED if _settings.tls_client_ca else _ssl.CERT_NONE
+    ssl_context = tls.gunicorn_ssl_context  # NOTE: the context the master built once, not gunicorn's per connection
 
 # Hooks run in the master (the arbiter) ...
 on_starting = master.on_starting

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Debian packages the end-to-end tests and benchmarks use: prometheus (with promtool), nginx, wrk, hey,
 # h2load (nghttp2-client, bench.grpc_load's gRPC load), kubectl (kubernetes-client, for `kubectl
-# kustomize`). Only the packages whose tool is missing are installed: a kubectl from elsewhere
+# kustomize`), openssl and curl (the TLS tests' certificates and an HTTPS client). Only the packages whose tool is missing are installed: a kubectl from elsewhere
 # (google-cloud-sdk's) is kept, Debian's would conflict with it.
 set -euo pipefail
-declare -A package_of=([prometheus]=prometheus [promtool]=prometheus [nginx]=nginx [wrk]=wrk [hey]=hey [h2load]=nghttp2-client [kubectl]=kubernetes-client)
+declare -A package_of=([prometheus]=prometheus [promtool]=prometheus [nginx]=nginx [wrk]=wrk [hey]=hey [h2load]=nghttp2-client [kubectl]=kubernetes-client [openssl]=openssl [curl]=curl)
 missing=()
-for tool in prometheus promtool nginx wrk hey h2load kubectl; do
+for tool in prometheus promtool nginx wrk hey h2load kubectl openssl curl; do
   if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$tool" ]; then
     missing+=("${package_of[$tool]}")
   fi

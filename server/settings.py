@@ -109,6 +109,24 @@ def _payload_sink(raw: str) -> str:
     raise ValueError(f"FORKSERVE_PAYLOAD_LOG must be file:DIR, http://URL or https://URL, got {raw!r}")
 
 
+def _tls_files(cert: str, key: str, client_ca: str) -> tuple[Path | None, Path | None, Path | None]:
+    """FORKSERVE_TLS_CERT, _KEY and _CLIENT_CA as absolute paths (None: unset); a key without its certificate is refused.
+
+    NOTE: made absolute, never resolved: a Kubernetes secret volume swaps a `..data` symlink above
+    tls.crt and tls.key, and a resolved path would keep reading the old files (server.tls re-reads them).
+    """
+    cert, key, client_ca = cert.strip(), key.strip(), client_ca.strip()
+    if bool(cert) != bool(key):
+        raise ValueError("FORKSERVE_TLS_CERT and FORKSERVE_TLS_KEY go together: set both (TLS on both ports) or neither")
+    if client_ca and not cert:
+        raise ValueError("FORKSERVE_TLS_CLIENT_CA needs FORKSERVE_TLS_CERT and FORKSERVE_TLS_KEY (client certificates are checked over TLS)")
+
+    def absolute(given: str) -> Path | None:
+        return Path(os.path.abspath(given)) if given else None
+
+    return absolute(cert), absolute(key), absolute(client_ca)
+
+
 def _without_last_link(given: str) -> Path:
     """An absolute path with its parent resolved and its last part kept: a symlink there is refused, not followed."""
     path = Path(os.path.abspath(given))
@@ -155,6 +173,14 @@ class Settings:
     payload_log_max_mb: float = 100.0  # FORKSERVE_PAYLOAD_LOG_MAX_MB: a worker's file is rotated past this size
     payload_log_queue: int = 1000  # FORKSERVE_PAYLOAD_LOG_QUEUE: records waiting for the writer; more are dropped
     payload_log_queue_mb: float = 64.0  # FORKSERVE_PAYLOAD_LOG_QUEUE_MB: ... and their bytes (bodies reach 32 MiB each)
+    tls_cert: Path | None = None  # FORKSERVE_TLS_CERT: PEM certificate chain; with tls_key, TLS on both ports (server.tls)
+    tls_key: Path | None = None  # FORKSERVE_TLS_KEY: its unencrypted PEM private key
+    tls_client_ca: Path | None = None  # FORKSERVE_TLS_CLIENT_CA: PEM CAs; clients must present a certificate one of them signed
+
+    @property
+    def tls(self) -> bool:
+        """Whether both ports speak TLS."""
+        return self.tls_cert is not None
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -166,6 +192,9 @@ class Settings:
         run_dir = _without_last_link(given) if given else (
             Path(tempfile.gettempdir()).resolve() / f"{run_directory.PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
         multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        tls_cert, tls_key, tls_client_ca = _tls_files(
+            os.environ.get("FORKSERVE_TLS_CERT", ""), os.environ.get("FORKSERVE_TLS_KEY", ""),
+            os.environ.get("FORKSERVE_TLS_CLIENT_CA", ""))
         return cls(
             models_dir=Path(os.environ.get("FORKSERVE_MODELS", "models")).resolve(),
             conf_path=Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve(),
@@ -200,6 +229,9 @@ class Settings:
             payload_log_max_mb=_env_seconds("FORKSERVE_PAYLOAD_LOG_MAX_MB", 100.0),  # NOTE: "seconds": any positive number
             payload_log_queue=_env_int("FORKSERVE_PAYLOAD_LOG_QUEUE", 1000) or 1000,
             payload_log_queue_mb=_env_seconds("FORKSERVE_PAYLOAD_LOG_QUEUE_MB", 64.0),
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
         )
 
     @classmethod

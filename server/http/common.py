@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -109,6 +110,12 @@ def limit_client_silence(environ: dict[str, Any], seconds: float) -> None:
     """
     sock = environ.get("gunicorn.socket")
     if sock is None:
+        return
+    if isinstance(sock, ssl.SSLSocket):
+        # NOTE: TLS (server.tls): a blocking SSLSocket retries its read after SO_RCVTIMEO's EAGAIN (CPython's
+        # _ssl loops on SSL_ERROR_WANT_READ), so only its own timeout ends the wait; gthread's setblocking(True)
+        # before the connection's next request clears it.
+        sock.settimeout(seconds)
         return
     value = struct.pack("ll", int(seconds), int((seconds % 1) * 1_000_000))
     try:

@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 from typing import Any, NoReturn
 
-from server import compat, connection_board
+from server import compat, connection_board, tls
 from server import run_dir as run_directory
 from server.config import ConfigError, ServerConfig, load_config
 from server.master import cpus, grpc_port
@@ -56,6 +56,12 @@ def on_starting(server: Any) -> None:
         _refuse_to_start(server, exc)
     except OSError as exc:
         _refuse_to_start(server, f"run directory {settings.run_dir}: {exc}")
+    try:
+        material = tls.current(settings)  # NOTE: before the listeners open: gunicorn only checks that certfile exists
+    except tls.TlsError as exc:
+        _refuse_to_start(server, exc)
+    if material is not None:
+        server.log.info("forkserve: TLS on both ports: %s", material.describe(settings))
     if settings.grpc_bind:
         try:
             _grpc_port_lock = grpc_port.claim(settings.grpc_bind)
@@ -97,7 +103,7 @@ def when_ready(server: Any) -> None:
         backoff=settings.rollout_backoff,
     )
     _controller = RolloutController(
-        Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config,
+        Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config, settings,
     )
     _controller.publish_initial_target()
     server.handle_hup = lambda: _controller.request_reload("SIGHUP")

@@ -5,7 +5,7 @@ conf/models.toml (keeping the last good configuration when the file is broken), 
 repository for settled versions (server.master.scanner), leaves out versions marked failed, applies
 the version policies and, when the result (versions and configuration: the target's
 generation) differs from what the workers run, or a reload was asked for (`python -m server
-reload`, SIGHUP), replaces the workers one at a time:
+reload`, SIGHUP), or the TLS files changed (server.master.tls_watch), replaces the workers one at a time:
 
     one more worker -> wait until it reports the new target loaded and warm ->
     retire the oldest worker of an older target -> repeat until none is left.
@@ -38,7 +38,9 @@ from server.master.config_watch import ConfigWatch
 from server.master.fleet import Fleet
 from server.master.scanner import SettledScanner
 from server.master.strikes import Strikes, VersionKey
+from server.master.tls_watch import TlsWatch
 from server.repository import VersionSource, stray_entries
+from server.settings import Settings
 from server.state import WorkerState, read_worker_states, run_dir_writable
 from server.target import (
     FailedVersion,
@@ -97,13 +99,15 @@ class RolloutController:
 
     def __init__(
         self, fleet: Fleet, models_dir: Path, conf_path: Path, run_dir: Path, knobs: RolloutSettings,
-        config: ServerConfig,
+        config: ServerConfig, tls_settings: Settings | None = None,
     ) -> None:
         self.fleet = fleet
         self.run_dir = run_dir
         self.knobs = knobs
         self.config = ConfigWatch(conf_path, config, lambda ok: record_metric(
             lambda m: m.CONFIG_LAST_RELOAD_SUCCESSFUL.set(1 if ok else 0)))
+        self.tls = TlsWatch(tls_settings, lambda ok: record_metric(
+            lambda m: m.TLS_LAST_RELOAD_SUCCESSFUL.set(1 if ok else 0))) if tls_settings is not None and tls_settings.tls else None
         self.scanner = SettledScanner(models_dir, self._settled_version_changed)
         self.strikes = Strikes(knobs.attempts)
         self.settled: dict[str, list[VersionSource]] = {}
@@ -174,8 +178,11 @@ class RolloutController:
         with self._lock:
             forced = self._reloads_requested != self._reloads_handled
             self._reloads_handled = self._reloads_requested
+        # NOTE: a new certificate replaces every worker, as a reload does: workers serve the set they were forked with.
+        renewed = self.tls is not None and self.tls.refresh(at_once=forced) is not None
         self._count_deaths({})
-        desired = self._desired("reload" if forced else "repository or configuration changed")
+        desired = self._desired("reload" if forced else "TLS certificate changed" if renewed else "repository or configuration changed")
+        forced = forced or renewed
         if not forced and desired.generation == self.current.generation and not self._stragglers():
             if self._unpublished or (self.config.problem, self.unservable) != self._published_reports:
                 self._publish(self.current)  # workers show the problems in /readyz and model status

@@ -28,7 +28,7 @@ from grpc_reflection.v1alpha import reflection
 
 from server import connection_board
 from server.master.grpc_port import split_address
-from server.rpc import balance, sockets, tfserving, transport, v2
+from server.rpc import balance, sockets, tfserving, tls, transport, v2
 from server.rpc.calls import Calls
 from server.rpc.health import SERVICE as HEALTH_SERVICE
 from server.rpc.health import ModelHealth
@@ -78,6 +78,7 @@ class GrpcListener:
         self.loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="forkserve-grpc-loop", daemon=True)
         self.balancing = slot is not None and connection_board.GRPC_BOARD is not None
+        self.credentials = tls.server_credentials(settings)  # None: plaintext (h2c)
 
     @property
     def stopping_now(self) -> bool:
@@ -151,7 +152,10 @@ class GrpcListener:
         reflection.enable_server_reflection(names, server)
         before = sockets.listening(self.port)
         try:
-            port = server.add_insecure_port(self.settings.grpc_bind)
+            if self.credentials is not None:
+                port = server.add_secure_port(self.settings.grpc_bind, self.credentials)
+            else:
+                port = server.add_insecure_port(self.settings.grpc_bind)
         except RuntimeError as exc:
             raise RuntimeError(f"cannot listen for gRPC on {self.settings.grpc_bind}: {exc}") from None
         if not port:

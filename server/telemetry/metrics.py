@@ -212,3 +212,8 @@ CONFIG_LAST_RELOAD_SUCCESSFUL = Gauge(
     "1 when conf/models.toml as last read is valid, 0 while the master keeps the last good configuration.",
     multiprocess_mode="livemax",
 )
+TLS_LAST_RELOAD_SUCCESSFUL = Gauge(
+    "forkserve_tls_last_reload_successful",
+    "1 when the FORKSERVE_TLS_* files as last read are valid, 0 while the workers keep the last good certificate (TLS on only).",
+    multiprocess_mode="livemax",
+)

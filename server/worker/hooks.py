@@ -49,6 +49,10 @@ def post_fork(server: Any, worker: Any) -> None:
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)
     os.environ["TF_NUM_INTEROP_THREADS"] = str(settings.inter_op_threads)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if settings.tls:
+        # NOTE: grpc-core logs every failed TLS handshake (a plaintext client, a port scan, a client without
+        # its certificate) as an unformatted INFO line on stderr, one per connection. Read when grpc is imported.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     # The first metric write after fork reopens every value file; a removed directory would leave
     # this worker's metrics half reopened, so recreate it first (best effort).
     try:

@@ -66,10 +66,12 @@ class Server:
     process: subprocess.Popen | None = None
     log_path: Path | None = None
     root: Path = ROOT  # the checkout whose gunicorn.conf.py and server package run (bench.grpc_ab: another commit's)
+    tls_ca: Path | None = None  # the server speaks TLS (FORKSERVE_TLS_* in env): get() and post() verify against this CA
+    tls_client: tuple[str, str] | None = None  # ... and present this client certificate and key (mutual TLS)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls_ca else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def grpc_target(self) -> str:
@@ -162,8 +164,15 @@ class Server:
             self.process.kill()
             return self.process.wait(timeout)
 
+    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs.setdefault("timeout", 30)
+        if self.tls_ca is not None:
+            kwargs.setdefault("verify", str(self.tls_ca))
+            kwargs.setdefault("cert", self.tls_client)
+        return kwargs
+
     def get(self, path: str, **kwargs: Any) -> requests.Response:
-        return requests.get(self.url + path, timeout=30, **kwargs)
+        return requests.get(self.url + path, **self._options(kwargs))
 
     def post(self, path: str, **kwargs: Any) -> requests.Response:
-        return requests.post(self.url + path, timeout=30, **kwargs)
+        return requests.post(self.url + path, **self._options(kwargs))

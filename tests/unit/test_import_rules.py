@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ["server", "server.settings", "server.config", "server.repository", "server.signature", "server.errors",
-        "server.state", "server.target", "server.compat", "server.connection_board", "server.run_dir"]
+        "server.state", "server.target", "server.compat", "server.connection_board", "server.run_dir", "server.tls"]
 PROBE = """
 import importlib, json, pkgutil, sys
 wanted = []

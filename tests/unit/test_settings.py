@@ -243,3 +243,28 @@ def test_payload_log_sizes(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("FORKSERVE_PAYLOAD_LOG_MAX_MB", "0")
     with pytest.raises(ValueError, match="FORKSERVE_PAYLOAD_LOG_MAX_MB"):
         Settings.from_env()
+
+
+def test_tls_is_off_by_default_and_the_three_files_are_absolute_and_not_resolved(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert not Settings.from_env().tls and Settings.from_env().tls_cert is None
+    (tmp_path / "..2026_01").mkdir()
+    (tmp_path / "..data").symlink_to("..2026_01")  # a Kubernetes secret volume: ..data swapped on renewal
+    clean_env.setenv("FORKSERVE_TLS_CERT", "..data/tls.crt")
+    clean_env.setenv("FORKSERVE_TLS_KEY", f" {tmp_path}/..data/tls.key ")
+    clean_env.setenv("FORKSERVE_TLS_CLIENT_CA", "ca.pem")
+    settings = Settings.from_env()
+    assert settings.tls
+    assert (settings.tls_cert, settings.tls_key) == (tmp_path / "..data" / "tls.crt", tmp_path / "..data" / "tls.key")
+    assert settings.tls_client_ca == tmp_path / "ca.pem"
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"FORKSERVE_TLS_CERT": "tls.crt"}, "FORKSERVE_TLS_CERT and FORKSERVE_TLS_KEY go together"),
+    ({"FORKSERVE_TLS_KEY": "tls.key"}, "FORKSERVE_TLS_CERT and FORKSERVE_TLS_KEY go together"),
+    ({"FORKSERVE_TLS_CLIENT_CA": "ca.pem"}, "FORKSERVE_TLS_CLIENT_CA needs FORKSERVE_TLS_CERT"),
+])
+def test_half_a_tls_setting_is_refused_at_start(clean_env: pytest.MonkeyPatch, given: dict[str, str], message: str) -> None:
+    for name, value in given.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
+        Settings.from_env()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -10,11 +12,14 @@ from typing import Callable, Iterator
 
 import pytest
 
+from server import tls
 from server.config import load_config
 from server.master.fleet import Fleet
 from server.master.rollout import RolloutController, RolloutSettings
+from server.settings import Settings
 from server.state import LOADED, WorkerState, read_worker_states, write_worker_state
 from server.target import Target, read_failed, read_target
+from tests.certificates import make_ca, make_cert
 from tests.unit.master.fake_arbiter import (
     DIE,
     HANG,
@@ -45,7 +50,7 @@ def wait_for(condition: Callable[[], object], what: str, timeout: float = 10.0) 
 class Fixture:
     """A repository, a run directory, a fake arbiter with booted workers and the controller over them."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, tls_settings: Settings | None = None) -> None:
         self.models = tmp_path / "models"
         self.run_dir = tmp_path / "run"
         self.conf = tmp_path / "models.toml"
@@ -54,7 +59,7 @@ class Fixture:
         self.arbiter = FakeArbiter(self.run_dir, WORKERS)
         self.controller = RolloutController(
             Fleet(self.arbiter, self.arbiter.send_signal), self.models, self.conf, self.run_dir, KNOBS,
-            load_config(self.conf),
+            load_config(self.conf), tls_settings,
         )
         self.arbiter.controller = self.controller
         self.controller.publish_initial_target()
@@ -438,3 +443,28 @@ def test_settings_that_arrive_with_their_model_s_first_copy_are_not_called_stray
         (copying / "model.keras").write_bytes(os.urandom(size))
         fx.controller.poll()
     assert not [r for r in caplog.records if "settings for model c" in r.message]
+
+
+def test_a_renewed_tls_certificate_replaces_every_worker_and_a_bad_one_none(tmp_path: Path) -> None:
+    """Workers serve the set they were forked with (server.tls): a new one needs new workers; a bad one is kept out."""
+    ca = make_ca(tmp_path / "pki", "ca")
+    first, renewed = (make_cert(tmp_path / "pki", ca, name, name, serial) for serial, name in ((1, "first"), (2, "renewed")))
+    shutil.copy(first.cert, tmp_path / "tls.crt")
+    shutil.copy(first.key, tmp_path / "tls.key")
+    settings = dataclasses.replace(Settings.from_env(), tls_cert=tmp_path / "tls.crt", tls_key=tmp_path / "tls.key")
+    before = tls.accepted()
+    tls.accept(tls.check(tls.read(settings), settings))
+    fixture = Fixture(tmp_path, settings)
+    try:
+        pids = set(fixture.loaded())
+        (tmp_path / "tls.key").write_bytes(renewed.key.read_bytes())  # not the certificate's key
+        fixture.settle()
+        assert set(fixture.loaded()) == pids and fixture.controller.tls is not None and fixture.controller.tls.problem
+        shutil.copy(renewed.cert, tmp_path / "tls.crt")
+        fixture.settle()
+        assert not set(fixture.loaded()) & pids and len(fixture.loaded()) == WORKERS
+        assert tls.accepted().chain.strip() == renewed.cert.read_bytes().strip()
+        assert fixture.arbiter.num_workers == WORKERS
+    finally:
+        fixture.controller.stop()
+        tls._accepted = before
