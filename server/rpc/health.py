@@ -97,9 +97,7 @@ class ModelHealth:
         finally:
             self.watches -= 1
 
-    def handler(self) -> grpc.GenericRpcHandler:
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """Check and Watch, both reading their message with the receive deadline."""
-        return grpc.method_handlers_generic_handler(SERVICE, {
-            "Check": grpc.stream_unary_rpc_method_handler(self.check),
-            "Watch": grpc.stream_stream_rpc_method_handler(self.watch),
-        })
+        return {"Check": grpc.stream_unary_rpc_method_handler(self.check),
+                "Watch": grpc.stream_stream_rpc_method_handler(self.watch)}

@@ -145,9 +145,10 @@ class GrpcListener:
         server = grpc.aio.server(options=self.options())
         noted = peers.note if self.balancing else None
         services = self._services()
-        server.add_generic_rpc_handlers(
-            [transport.service_handler(service, servicer, self.capacity, self._pool, self.calls.refuse, noted)
-             for service, servicer in services] + [self.health.handler()])
+        for service, servicer in services:
+            transport.register(server, service.full_name, transport.method_handlers(
+                service, servicer, self.capacity, self._pool, self.calls.refuse, noted))
+        transport.register(server, HEALTH_SERVICE, self.health.handlers())
         names = [service.full_name for service, _ in services] + [HEALTH_SERVICE, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, server)
         before = sockets.listening(self.port)

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.rpc import transport
 from server.rpc.health import MAX_REQUEST_BYTES, ModelHealth
+from server.rpc.health import SERVICE as HEALTH_SERVICE
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -40,7 +41,7 @@ class Running:
     async def _start(self) -> int:
         self.health.start()
         self.server = grpc.aio.server()
-        self.server.add_generic_rpc_handlers([self.health.handler()])
+        transport.register(self.server, HEALTH_SERVICE, self.health.handlers())
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         return port

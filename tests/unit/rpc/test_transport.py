@@ -74,8 +74,8 @@ class Running:
 
     async def _start(self) -> int:
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 << 20)])
-        self.server.add_generic_rpc_handlers([transport.service_handler(
-            SERVICE, self.servicer, self.capacity, self.pool, lambda call, method, code, details: self.refused.append((method, code)))])
+        transport.register(self.server, SERVICE.full_name, transport.method_handlers(
+            SERVICE, self.servicer, self.capacity, self.pool, lambda call, method, code, details: self.refused.append((method, code))))
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         return port
