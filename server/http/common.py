@@ -19,14 +19,17 @@ from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 from server.errors import ApiError, DeadlineExceeded, InvalidArgument, ResourceExhausted
 from server.http import instrument
 from server.http.codecs import jsonio, tfserving
+from server.http.codecs.declared import check_rows
 from server.http.codecs.tensors import validate_inputs
 from server.repository import is_model_name, parse_version
 from server.signature import SignatureInfo
 from server.telemetry import metrics
+from server.telemetry.lines import LineLimit
 from server.worker.registry import ModelRegistry, ModelVersion
 from server.worker.reply import ReplyTimeout
 
 log = logging.getLogger("forkserve.app")
+TRACEBACK_LOG_LIMIT = LineLimit(per_second=5)
 
 # curl -d sends form-urlencoded and TF Serving's docs use it, so that (and none) also means JSON.
 JSON_CONTENT_TYPES = frozenset({"", "application/json", "application/x-www-form-urlencoded", "text/plain"})
@@ -192,8 +195,13 @@ def predict(
 def infer(
     version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool, timeout: float,
 ) -> dict[str, np.ndarray]:
-    """Queue the inputs on the version's executor and wait for its rows, within `timeout` seconds."""
+    """Queue the inputs on the version's executor and wait for its rows, within `timeout` seconds.
+
+    A request that gives up (its deadline) abandons its job: the executor stops its rows at the next
+    max_batch_size chunk. Every API checked its rows before decoding; this is the backstop for any path.
+    """
     assert version.executor is not None
+    check_rows(rows, version.config.max_request_rows)
     inference = instrument.current()
     trace = inference.trace if inference is not None else None
     if trace is not None:
@@ -203,7 +211,7 @@ def infer(
     try:
         outputs = job.future.result(timeout=timeout)
     except ReplyTimeout:
-        version.executor.cancel(job)
+        version.executor.abandon(job)
         metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc())
         raise DeadlineExceeded(
             f"model {version.name} version {version.version} did not answer within {timeout}s"
@@ -226,9 +234,24 @@ def api_error_answer(exc: ApiError, request_id: str) -> tuple[int, dict[str, str
     return exc.status, {"error": exc.message}, {"Retry-After": "1"} if retry else {}
 
 
+def log_unexpected(logger: logging.Logger, request_id: str) -> None:
+    """A bug's traceback with the request id (call from an except block), at most TRACEBACK_LOG_LIMIT a second.
+
+    NOTE: a request that trips the same bug each time must not fill the log (a full traceback a request),
+    REST and gRPC alike: the rest are counted and the count logged with the next traceback let through.
+    """
+    suppressed = TRACEBACK_LOG_LIMIT.admit()
+    if suppressed is None:
+        return
+    if suppressed:
+        log.warning("%d more unexpected errors were not logged (at most %d tracebacks a second)",
+                    suppressed, TRACEBACK_LOG_LIMIT.per_second)
+    logger.exception("request %s: unexpected error", request_id)
+
+
 def unexpected_error_answer(request_id: str) -> tuple[int, dict[str, str]]:
-    """A bug (call from an except block): log the traceback once with the request id, tell the client only the id."""
-    log.exception("request %s: unexpected error", request_id)
+    """A bug (call from an except block): log the traceback (rate-limited) with the request id, tell the client only the id."""
+    log_unexpected(log, request_id)
     error = sys.exc_info()[1]
     if error is not None:
         instrument.note_error(error)

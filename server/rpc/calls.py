@@ -13,7 +13,7 @@ import orjson
 
 from server.errors import ApiError, DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, VersionFailed
 from server.http import instrument
-from server.http.common import request_id_for
+from server.http.common import log_unexpected, request_id_for
 from server.telemetry.payloads import capture
 from server.worker.registry import ModelRegistry, ModelVersion
 
@@ -99,7 +99,7 @@ class Calls:
                 details = f"{details} (request id {request_id})"
         except Exception as exc:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
             instrument.note_error(exc)
-            log.exception("request %s: unexpected error", request_id)
+            log_unexpected(log, request_id)
             code, details, http_status = grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})", 500
         finally:
             if api:
