@@ -80,7 +80,7 @@ def rest_status(response: requests.Response) -> str:
     return f"{response.status_code}: {response.text[:90]}"
 
 
-def string_fill(server: Server, rows: int) -> str:
+def string_fill(server: Server, rows: int) -> Callable[[], str]:
     """gRPC Predict: one DT_STRING value (the PNG) filling shape [rows] of the image input."""
     from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
     from tensorflow_serving.apis import predict_pb2
@@ -91,16 +91,17 @@ def string_fill(server: Server, rows: int) -> str:
         dtype=types_pb2.DT_STRING, string_val=[PNG],
         tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=rows)])))
     print(f"    message: {request.ByteSize()} bytes")
-    return grpc_status(lambda: tfserving_stub(server).Predict(request, timeout=600))
+    stub = tfserving_stub(server)
+    return lambda: grpc_status(lambda: stub.Predict(request, timeout=600))
 
 
-def rest_b64_rows(server: Server, rows: int) -> str:
+def rest_b64_rows(server: Server, rows: int) -> Callable[[], str]:
     """REST predict: `rows` {"b64": PNG} instances."""
     body = {"instances": [{"b64": base64.b64encode(PNG).decode()}] * rows}
-    return rest_status(server.post("/v1/models/digits:predict", json=body))
+    return lambda: rest_status(server.post("/v1/models/digits:predict", json=body))
 
 
-def grpc_regress(server: Server, rows: int) -> str:
+def grpc_regress(server: Server, rows: int) -> Callable[[], str]:
     """gRPC Regress with `rows` tf.Examples."""
     from tensorflow.core.example import example_pb2
     from tensorflow_serving.apis import regression_pb2
@@ -111,16 +112,17 @@ def grpc_regress(server: Server, rows: int) -> str:
     example.features.feature["x"].float_list.value.append(1.0)
     request.input.example_list.examples.extend([example] * rows)
     print(f"    message: {request.ByteSize()} bytes")
-    return grpc_status(lambda: tfserving_stub(server).Regress(request, timeout=600))
+    stub = tfserving_stub(server)
+    return lambda: grpc_status(lambda: stub.Regress(request, timeout=600))
 
 
-def rest_regress(server: Server, rows: int) -> str:
+def rest_regress(server: Server, rows: int) -> Callable[[], str]:
     """REST :regress with `rows` examples."""
     body = {"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}] * rows}
-    return rest_status(server.post("/v1/models/half_plus_two:regress", json=body))
+    return lambda: rest_status(server.post("/v1/models/half_plus_two:regress", json=body))
 
 
-def v2_raw_empty_bytes(server: Server, count: int) -> str:
+def v2_raw_empty_bytes(server: Server, count: int) -> Callable[[], str]:
     """gRPC ModelInfer: `count` zero-length BYTES elements in raw_input_contents (4 bytes each)."""
     from tritonclient.grpc import service_pb2
 
@@ -128,10 +130,11 @@ def v2_raw_empty_bytes(server: Server, count: int) -> str:
     request.parameters["signature_name"].string_param = "regress_x_to_y"
     request.inputs.add(name="inputs", datatype="BYTES", shape=[count])
     print(f"    message: {request.ByteSize()} bytes")
-    return grpc_status(lambda: v2_stub(server).ModelInfer(request, timeout=600))
+    stub = v2_stub(server)
+    return lambda: grpc_status(lambda: stub.ModelInfer(request, timeout=600))
 
 
-def v2_typed_empty_bytes(server: Server, count: int) -> str:
+def v2_typed_empty_bytes(server: Server, count: int) -> Callable[[], str]:
     """gRPC ModelInfer: `count` zero-length bytes_contents (2 bytes each on the wire)."""
     from tritonclient.grpc import service_pb2
 
@@ -140,22 +143,24 @@ def v2_typed_empty_bytes(server: Server, count: int) -> str:
     tensor = request.inputs.add(name="inputs", datatype="BYTES", shape=[count])
     tensor.contents.bytes_contents.extend([b""] * count)
     print(f"    message: {request.ByteSize()} bytes")
-    return grpc_status(lambda: v2_stub(server).ModelInfer(request, timeout=600))
+    stub = v2_stub(server)
+    return lambda: grpc_status(lambda: stub.ModelInfer(request, timeout=600))
 
 
-def v2_huge_shape(server: Server) -> str:
+def v2_huge_shape(server: Server) -> Callable[[], str]:
     """REST V2 infer and gRPC ModelInfer: FP32 shape [0, 2**62, 2**62, 1] with no data."""
     from tritonclient.grpc import service_pb2
 
     shape = [0, 2**62, 2**62, 1]
-    rest = server.post("/v2/models/half_plus_two/infer", json={"inputs": [
-        {"name": "x", "shape": shape, "datatype": "FP32", "data": []}]})
+    body = {"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": []}]}
     request = service_pb2.ModelInferRequest(model_name="half_plus_two", raw_input_contents=[b""])
     request.inputs.add(name="x", datatype="FP32", shape=shape)
-    return f"REST {rest_status(rest)} | gRPC {grpc_status(lambda: v2_stub(server).ModelInfer(request, timeout=60))}"
+    stub = v2_stub(server)
+    return lambda: (f"REST {rest_status(server.post('/v2/models/half_plus_two/infer', json=body))} | "
+                    f"gRPC {grpc_status(lambda: stub.ModelInfer(request, timeout=60))}")
 
 
-def cases(fill_rows: int) -> dict[str, Callable[[Server], str]]:
+def cases(fill_rows: int) -> dict[str, Callable[[Server], Callable[[], str]]]:
     limit = 32 * 1024 * 1024
     return {
         "string_fill": lambda s: string_fill(s, fill_rows),
@@ -187,11 +192,12 @@ def main() -> None:
         (pid,) = server.worker_pids()
         print(f"worker {pid}; cases: {', '.join(chosen)}")
         for name in chosen:
+            print(f"{name}:")
+            send = table[name](server)
             reset_peak(pid)
             cpu, peak = worker_cost(pid)
             started = time.monotonic()
-            print(f"{name}:")
-            answer = table[name](server)
+            answer = send()
             wall = time.monotonic() - started
             cpu_after, peak_after = settled_cost(pid)
             print(f"    {answer}\n    wall {wall:.2f} s, worker CPU {cpu_after - cpu:.2f} s, "
