@@ -46,7 +46,7 @@ class InferenceService:
             try:
                 target = self._target(request.name, request.version)
             except ApiError as exc:
-                if exc.status == 404:
+                if exc.status in (400, 404):  # no such model, or a name or version no model can have
                     raise
                 return self.messages.ModelReadyResponse(ready=False), None
             return self.messages.ModelReadyResponse(ready=target.state == AVAILABLE), target

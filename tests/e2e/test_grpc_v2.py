@@ -412,3 +412,13 @@ def test_declared_shapes_sizes_and_names_are_checked_before_decoding(stub: Any, 
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in caught.value.details(), caught.value.details()
     wait_until(lambda: f"rid={rid} " in server.log(), 10, "the call's access line")
     assert f"request {rid}: unexpected error" not in server.log()  # a client's error: no traceback
+
+
+@pytest.mark.parametrize("name", ["../x", "..", "a/b"])
+def test_an_invalid_model_name_is_invalid_argument_on_every_call(stub: Any, name: str) -> None:
+    for method, request in (("ModelInfer", _raw_request(name, [("x", "FP32", [2, 1])], [FLOATS])),
+                            ("ModelMetadata", service_pb2.ModelMetadataRequest(name=name)),
+                            ("ModelReady", service_pb2.ModelReadyRequest(name=name))):
+        with pytest.raises(grpc.RpcError) as caught:
+            getattr(stub, method)(request, timeout=30)
+        assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, f"invalid model name {name!r}"), method
