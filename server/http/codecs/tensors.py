@@ -10,7 +10,7 @@ import numpy as np
 from server.config import ModelConfig
 from server.errors import InvalidArgument
 from server.http.codecs.b64 import decode_b64, is_b64_value
-from server.http.codecs.declared import check_rows, fitted_shape
+from server.http.codecs.declared import check_rows, check_strings, fitted_shape
 from server.http.codecs.images import decode_image
 from server.signature import SignatureInfo, TensorInfo
 
@@ -33,18 +33,24 @@ def utf8(text: str, name: str) -> bytes:
 
 
 def _string_tensor(value: Any, name: str) -> np.ndarray:
-    """Nested lists of str / {"b64"} values to an object array of bytes."""
+    """Nested lists of str / {"b64"} values to an object array of bytes, held to the size limit (check_strings)."""
+    count, length = 0, 0
 
     def convert(item: Any) -> Any:
+        nonlocal count, length
         if isinstance(item, list):
             return [convert(x) for x in item]
         if isinstance(item, str):
-            return utf8(item, name)
-        if is_b64_value(item):
-            return decode_b64(item["b64"])
-        raise InvalidArgument(f"input {name!r} takes strings, got {type(item).__name__}")
+            data = utf8(item, name)
+        elif is_b64_value(item):
+            data = decode_b64(item["b64"])
+        else:
+            raise InvalidArgument(f"input {name!r} takes strings, got {type(item).__name__}")
+        count, length = count + 1, length + len(data)
+        return data
 
     converted = convert(value)
+    check_strings(name, count, length)
     try:
         array = np.array(converted, dtype=object)
     except ValueError as exc:
