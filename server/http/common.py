@@ -16,7 +16,7 @@ import numpy as np
 from flask import Response, current_app, request
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
-from server.errors import ApiError, DeadlineExceeded, InvalidArgument, ResourceExhausted
+from server.errors import ApiError, Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted
 from server.http import instrument
 from server.http.codecs import jsonio, tfserving
 from server.http.codecs.declared import check_rows
@@ -25,8 +25,9 @@ from server.repository import is_model_name, parse_version
 from server.signature import SignatureInfo
 from server.telemetry import metrics
 from server.telemetry.lines import LineLimit
+from server.worker.executor import Abandoned
 from server.worker.registry import ModelRegistry, ModelVersion
-from server.worker.reply import ReplyTimeout
+from server.worker.reply import CancelledError, ReplyTimeout
 
 log = logging.getLogger("forkserve.app")
 TRACEBACK_LOG_LIMIT = LineLimit(per_second=5)
@@ -198,7 +199,9 @@ def infer(
     """Queue the inputs on the version's executor and wait for its rows, within `timeout` seconds.
 
     A request that gives up (its deadline) abandons its job: the executor stops its rows at the next
-    max_batch_size chunk. Every API checked its rows before decoding; this is the backstop for any path.
+    max_batch_size chunk. A job the transport abandons while this thread waits (its client cancelled:
+    ModelExecutor.abandon) is Cancelled. Every API checked its rows before decoding; this is the
+    backstop for any path.
     """
     assert version.executor is not None
     check_rows(rows, version.config.max_request_rows)
@@ -210,6 +213,8 @@ def infer(
     job = version.executor.submit(signature, inputs, rows, batchable, trace.span.get_span_context() if trace else None)
     try:
         outputs = job.future.result(timeout=timeout)
+    except (CancelledError, Abandoned):  # NOTE: the transport abandoned the job while this thread waited
+        raise Cancelled(f"the call to model {version.name} version {version.version} was cancelled") from None
     except ReplyTimeout:
         version.executor.abandon(job)
         metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc())
