@@ -388,6 +388,8 @@ def _twice_the_input() -> service_pb2.ModelInferRequest:
 LIMITS = [
     ("rows before data", _raw_request("half_plus_two", [("x", "FP32", [2000, 1])], [b""]),
      "request has 2000 rows; the limit is 1024 (max_request_rows)"),
+    ("rows before typed data", _raw_request("half_plus_two", [("x", "FP32", [2000, 1])], []),
+     "request has 2000 rows; the limit is 1024 (max_request_rows)"),
     ("a shape no array can have", _raw_request("half_plus_two", [("x", "FP32", [0, 2**62, 2**62, 1])], [b""]),
      "input 'x': shape [0, 4611686018427387904, 4611686018427387904, 1] is larger than any tensor can be"),
     ("rank 70", _raw_request("half_plus_two", [("x", "FP32", [1] * 70)], [b"\0" * 4]), "input 'x' has rank 70"),
