@@ -44,6 +44,12 @@ class ResourceExhausted(ApiError):
     status = 503
 
 
+class Cancelled(ApiError):
+    """CANCELLED: the client gave up on the call and its job was abandoned (499, as nginx logs a closed request)."""
+
+    status = 499
+
+
 class DeadlineExceeded(ApiError):
     """DEADLINE_EXCEEDED: the request waited past its deadline (504)."""
 

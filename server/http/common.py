@@ -11,25 +11,28 @@ import ssl
 import struct
 import sys
 import time
-from concurrent.futures import CancelledError
 from typing import Any
 
 import numpy as np
 from flask import Response, current_app, request
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
-from server.errors import ApiError, DeadlineExceeded, InvalidArgument, ResourceExhausted
+from server.errors import ApiError, Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted
 from server.http import instrument
 from server.http.codecs import jsonio, tfserving
+from server.http.codecs.declared import check_rows
 from server.http.codecs.tensors import validate_inputs
 from server.repository import is_model_name, parse_version
 from server.signature import SignatureInfo
 from server.telemetry import metrics
-from server.worker.registry import ModelRegistry, ModelVersion
+from server.telemetry.lines import LineLimit
+from server.worker.executor import Abandoned
 from server.worker.flow import Steps, Wait, run_blocking
-from server.worker.reply import ReplyTimeout
+from server.worker.registry import ModelRegistry, ModelVersion
+from server.worker.reply import CancelledError, ReplyTimeout
 
 log = logging.getLogger("forkserve.app")
+TRACEBACK_LOG_LIMIT = LineLimit(per_second=5)
 
 # curl -d sends form-urlencoded and TF Serving's docs use it, so that (and none) also means JSON.
 JSON_CONTENT_TYPES = frozenset({"", "application/json", "application/x-www-form-urlencoded", "text/plain"})
@@ -216,9 +219,16 @@ def infer(
 def infer_steps(
     version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool, timeout: float,
 ) -> Steps[dict[str, np.ndarray]]:
-    """infer() as a flow: queue the job, yield the wait; a timeout withdraws the job, a closed flow (client gone) too."""
+    """infer() as a flow (server.worker.flow): queue the job, yield the wait for its rows.
+
+    A request that gives up (its deadline) abandons its job: the executor stops its rows at the next
+    max_batch_size chunk. A job abandoned while the flow waits (its gRPC client cancelled: the
+    transport, or a flow closed) ends the request as Cancelled. Every API checked its rows before
+    decoding; this is the backstop for any path.
+    """
     executor = version.executor
     assert executor is not None
+    check_rows(rows, version.config.max_request_rows)
     inference = instrument.current()
     trace = inference.trace if inference is not None else None
     if trace is not None:
@@ -228,15 +238,18 @@ def infer_steps(
     wait = Wait(executor, job, timeout)
     try:
         outputs = yield wait
+    except (CancelledError, Abandoned):  # NOTE: the transport abandoned the job while the flow waited
+        wait.abandon()
+        raise Cancelled(f"the call to model {version.name} version {version.version} was cancelled") from None
+    except GeneratorExit:  # the flow was closed unfinished: nobody waits for these rows
+        wait.abandon()
+        raise
     except ReplyTimeout:
         wait.abandon()
         metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc())
         raise DeadlineExceeded(
             f"model {version.name} version {version.version} did not answer within {timeout}s"
         ) from None
-    except (CancelledError, GeneratorExit):  # the client left (gRPC cancel): nobody waits for these rows
-        wait.abandon()
-        raise
     finally:
         # A request that gave up (deadline) still shows where it waited: in the queue, or in the call.
         now = time.monotonic()
@@ -255,9 +268,24 @@ def api_error_answer(exc: ApiError, request_id: str) -> tuple[int, dict[str, str
     return exc.status, {"error": exc.message}, {"Retry-After": "1"} if retry else {}
 
 
+def log_unexpected(logger: logging.Logger, request_id: str) -> None:
+    """A bug's traceback with the request id (call from an except block), at most TRACEBACK_LOG_LIMIT a second.
+
+    NOTE: a request that trips the same bug each time must not fill the log (a full traceback a request),
+    REST and gRPC alike: the rest are counted and the count logged with the next traceback let through.
+    """
+    suppressed = TRACEBACK_LOG_LIMIT.admit()
+    if suppressed is None:
+        return
+    if suppressed:
+        log.warning("%d more unexpected errors were not logged (at most %d tracebacks a second)",
+                    suppressed, TRACEBACK_LOG_LIMIT.per_second)
+    logger.exception("request %s: unexpected error", request_id)
+
+
 def unexpected_error_answer(request_id: str) -> tuple[int, dict[str, str]]:
-    """A bug (call from an except block): log the traceback once with the request id, tell the client only the id."""
-    log.exception("request %s: unexpected error", request_id)
+    """A bug (call from an except block): log the traceback (rate-limited) with the request id, tell the client only the id."""
+    log_unexpected(log, request_id)
     error = sys.exc_info()[1]
     if error is not None:
         instrument.note_error(error)

@@ -110,7 +110,7 @@ def _metadata(target: ModelVersion) -> dict[str, Any]:
 def _classify_or_regress(target: ModelVersion, body: Any, method: str) -> dict[str, Any]:
     """tf.Example requests for signatures whose method is classify or regress."""
     started = time.perf_counter()
-    signature_name, serialized = tfserving.decode_examples(body)
+    signature_name, serialized = tfserving.decode_examples(body, target.config.max_request_rows)
     signature = target.signature(signature_name)
     if signature.method != method:
         raise InvalidArgument(

@@ -12,9 +12,9 @@ from typing import Any, Callable, Generator
 import grpc
 import orjson
 
-from server.errors import ApiError, DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, VersionFailed
+from server.errors import ApiError, Cancelled, DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, VersionFailed
 from server.http import instrument
-from server.http.common import request_id_for
+from server.http.common import log_unexpected, request_id_for
 from server.telemetry.payloads import capture
 from server.worker.flow import Steps
 from server.worker.registry import ModelRegistry, ModelVersion
@@ -26,7 +26,7 @@ WORKER_PID = str(os.getpid())  # read once: this package is imported in workers 
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED, 501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    499: grpc.StatusCode.CANCELLED, 504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 # ...and back, for a status the servicer sets itself (UNIMPLEMENTED methods)
 HTTP_STATUSES = {grpc.StatusCode.OK: 200, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500,
@@ -40,6 +40,8 @@ def status_code(exc: ApiError) -> grpc.StatusCode:
     """The gRPC status of a known failure (TF Serving's own mapping: a failed version is FAILED_PRECONDITION)."""
     if isinstance(exc, VersionFailed):
         return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, Cancelled):
+        return grpc.StatusCode.CANCELLED
     if isinstance(exc, ResourceExhausted):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, DeadlineExceeded):
@@ -111,7 +113,7 @@ class Calls:
                 raise
         except Exception as exc:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
             instrument.note_error(exc)
-            log.exception("request %s: unexpected error", request_id)
+            log_unexpected(log, request_id)
             code, details, http_status = grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})", 500
         finally:
             if api:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from server.errors import ApiError, InvalidArgument
+from server.http.codecs.declared import check_dims, check_strings
 from server.settings import Settings
 
 # DataType enum value -> (numpy dtype name, the TensorProto field holding its values)
@@ -42,14 +43,18 @@ def dtype_name(number: int) -> str:
     return ENUM_NAMES.get(number, f"DataType {number}")
 
 
+def dtype_of(proto: Any, name: str) -> str:
+    """A TensorProto's dtype as numpy names it ("string" for DT_STRING); unsupported ones are refused."""
+    if proto.dtype not in DTYPES:
+        raise InvalidArgument(f"input {name!r}: dtype {dtype_name(proto.dtype)} is not supported")
+    return DTYPES[proto.dtype][0]
+
+
 def shape_of(proto: Any, name: str) -> tuple[int, ...]:
-    """A TensorProto's shape; unknown rank and negative sizes are refused."""
+    """A TensorProto's shape; unknown rank, negative sizes and shapes no array can have are refused."""
     if proto.tensor_shape.unknown_rank:
         raise InvalidArgument(f"input {name!r}: the tensor's shape has an unknown rank; send its dims")
-    shape = tuple(d.size for d in proto.tensor_shape.dim)
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"input {name!r}: shape {list(shape)} has a negative size")
-    return shape
+    return check_dims(name, [d.size for d in proto.tensor_shape.dim])
 
 
 def to_array(proto: Any, name: str) -> np.ndarray:
@@ -58,9 +63,7 @@ def to_array(proto: Any, name: str) -> np.ndarray:
     Numbers from tensor_content are a read-only view of the message's bytes (no copy); strings are
     an object array of bytes.
     """
-    if proto.dtype not in DTYPES:
-        raise InvalidArgument(f"input {name!r}: dtype {dtype_name(proto.dtype)} is not supported")
-    dtype, field = DTYPES[proto.dtype]
+    dtype, field = dtype_of(proto, name), DTYPES[proto.dtype][1]
     shape = shape_of(proto, name)
     count = math.prod(shape)
     content = proto.tensor_content
@@ -68,6 +71,8 @@ def to_array(proto: Any, name: str) -> np.ndarray:
         if content:
             raise InvalidArgument(f"input {name!r}: a DT_STRING tensor carries its values in string_val, not tensor_content")
         values = proto.string_val
+        check_strings(name, len(values), 0)  # NOTE: 2 bytes of the message each, 64 once decoded
+        check_strings(name, len(values), sum(map(len, values)))
         array = np.empty(len(values), dtype=object)
         array[:] = list(values)
     elif content:
@@ -96,9 +101,11 @@ def to_array(proto: Any, name: str) -> np.ndarray:
         return array.reshape(shape)
     if array.size == 1 and count:  # TF's rule: one value fills the whole shape
         # NOTE: a 30-byte request can name a shape of terabytes: the filled tensor is held to the size
-        # limit a request's bytes have (FORKSERVE_MAX_BODY_BYTES), before anything is allocated.
-        limit = Settings.current().max_body_bytes
-        if count * max(array.itemsize, 8 if array.dtype == object else 1) > limit:
+        # limit a request's bytes have (FORKSERVE_MAX_BODY_BYTES), before anything is allocated; a
+        # string by its length and what Python holds per element (check_strings).
+        if array.dtype == object:
+            check_strings(name, count, count * len(array[0]))
+        elif count * array.itemsize > (limit := Settings.current().max_body_bytes):
             raise InvalidArgument(f"input {name!r}: one value filling shape {list(shape)} makes a tensor larger than "
                                   f"the request size limit ({limit} bytes, FORKSERVE_MAX_BODY_BYTES)")
         return np.full(shape, array[0], dtype=array.dtype)

@@ -11,7 +11,8 @@ import numpy as np
 from server.errors import ApiError, InvalidArgument, NotFound
 from server.http import instrument
 from server.http.codecs.images import decode_image
-from server.http.common import infer_steps, predict_steps
+from server.http.codecs.declared import check_rows, check_shape
+from server.http.common import infer_steps, model_address, predict_steps
 from server.rpc import messages, tensor_proto
 from server.rpc.calls import Calls, timeout_for
 from server.signature import METHOD_NAMES, SignatureInfo, TensorInfo
@@ -31,11 +32,16 @@ PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
 
 
-def resolve(calls: Calls, spec: Any) -> ModelVersion:
-    """The version a ModelSpec addresses: version, version_label or the latest, as the REST paths do."""
+def model_name(spec: Any) -> str:
+    """A ModelSpec's model name, checked as REST and V2 check theirs (`../x` is INVALID_ARGUMENT, not NOT_FOUND)."""
     if not spec.name:
         raise InvalidArgument("model_spec.name is empty")
-    model = calls.registry.get(spec.name)
+    return model_address(spec.name, None)[0]
+
+
+def resolve(calls: Calls, spec: Any) -> ModelVersion:
+    """The version a ModelSpec addresses: version, version_label or the latest, as the REST paths do."""
+    model = calls.registry.get(model_name(spec))
     choice = spec.WhichOneof("version_choice")  # version and version_label are a oneof
     return model.resolve(spec.version.value if choice == "version" else None,
                          spec.version_label if choice == "version_label" else None)
@@ -45,28 +51,40 @@ def decode_inputs(inputs: Any, signature: SignatureInfo, target: ModelVersion) -
     """A PredictRequest's tensors as numpy of the signature's dtypes; encoded images (DT_STRING) for an image input are decoded.
 
     NOTE: the dtype must be the signature's, as in TF Serving (REST's JSON numbers have no dtype,
-    so REST casts them; a TensorProto says what it holds). Shapes, names, batch size and
-    finiteness are checked after, by the same validate_inputs REST uses.
+    so REST casts them; a TensorProto says what it holds). Each tensor's name, dtype and declared
+    shape (rank, fixed sizes, rows) are checked before it is built: a fill of one PNG over [250000]
+    would otherwise decode 250,000 images. Batch sizes and finiteness are checked after, by the same
+    validate_inputs REST uses.
     """
+    missing = sorted(set(signature.inputs) - set(inputs))
+    if missing:
+        raise InvalidArgument(f"missing input(s) {missing}; signature {signature.name!r} takes {sorted(signature.inputs)}")
+    unknown = sorted(set(inputs) - set(signature.inputs))
+    if unknown:
+        raise InvalidArgument(f"unknown input(s) {unknown}; signature {signature.name!r} takes {sorted(signature.inputs)}")
+    max_rows = target.config.max_request_rows
     arrays = {}
     for name, proto in inputs.items():
+        info = signature.inputs[name]
+        dtype, shape = tensor_proto.dtype_of(proto, name), tensor_proto.shape_of(proto, name)
+        images = dtype == "string" and info.is_image
+        if images:
+            if len(shape) != 1:
+                raise InvalidArgument(f"input {name!r} takes images: send encoded images as a DT_STRING tensor of shape "
+                                      f"[N] (one image per row), not {list(shape)}")
+            check_rows(shape[0], max_rows)
+        elif dtype != info.dtype:
+            raise InvalidArgument(f"input {name!r} is {tensor_proto.dtype_name(proto.dtype)}; signature "
+                                  f"{signature.name!r} takes {tensor_proto.TF_NAMES.get(info.dtype, info.dtype)}")
+        else:
+            check_shape(name, shape, info, max_rows)
         array = tensor_proto.to_array(proto, name)
-        info = signature.inputs.get(name)
-        if info is not None and array.dtype.name != info.dtype:
-            if array.dtype == object and info.is_image:
-                array = decode_images(array, info, target)
-            elif not (array.dtype == object and info.dtype == "string"):
-                raise InvalidArgument(f"input {name!r} is {tensor_proto.dtype_name(proto.dtype)}; signature "
-                                      f"{signature.name!r} takes {tensor_proto.TF_NAMES.get(info.dtype, info.dtype)}")
-        arrays[name] = array
+        arrays[name] = decode_images(array, info, target) if images else array
     return arrays
 
 
 def decode_images(encoded: np.ndarray, info: TensorInfo, target: ModelVersion) -> np.ndarray:
     """A [N] DT_STRING tensor of encoded images (JPEG, PNG, ...) as the image input's batch, as REST's {"b64": ...} rows."""
-    if encoded.ndim != 1:
-        raise InvalidArgument(f"input {info.name!r} takes images: send encoded images as a DT_STRING tensor of shape "
-                              f"[N] (one image per row), not {list(encoded.shape)}")
     images = [decode_image(item, info, target.config) for item in encoded]
     if len(images) == 1:  # the usual request: one image; a view, not a copy of its pixels
         return images[0][np.newaxis]
@@ -107,8 +125,11 @@ def signature_def(signature: SignatureInfo, proto: Any) -> None:
     proto.method_name = METHOD_NAMES[signature.method]
 
 
-def serialized_examples(given: Any, signature: SignatureInfo, method: str) -> np.ndarray:
-    """A Classify/Regress request's `input` as serialized tf.Examples (context features merged), for a `method` signature."""
+def serialized_examples(given: Any, signature: SignatureInfo, method: str, max_rows: int) -> np.ndarray:
+    """A Classify/Regress request's `input` as serialized tf.Examples (context features merged), for a `method` signature.
+
+    NOTE: the examples are counted against max_rows before one is serialized.
+    """
     if signature.method != method:
         raise InvalidArgument(f"signature {signature.name!r} is a {signature.method} signature, not {method}; "
                               f"call {signature.method.capitalize()} or pick another signature_name")
@@ -116,11 +137,13 @@ def serialized_examples(given: Any, signature: SignatureInfo, method: str) -> np
         raise InvalidArgument(f"signature {signature.name!r} does not take serialized tf.Examples")
     kind = given.WhichOneof("kind")
     if kind == "example_list":
+        check_rows(len(given.example_list.examples), max_rows)
         examples = [e.SerializeToString() for e in given.example_list.examples]
     elif kind == "example_list_with_context":
         # NOTE: TF Serving's own merge: the context's bytes, then the example's; protobuf parses the
         # concatenation as one message, in which an example's feature replaces the context's.
         with_context = given.example_list_with_context
+        check_rows(len(with_context.examples), max_rows)
         context_bytes = with_context.context.SerializeToString()
         examples = [context_bytes + e.SerializeToString() for e in with_context.examples]
     else:
@@ -180,7 +203,7 @@ class PredictionService:
         """Serialized tf.Examples of a Classify/Regress request (context features merged), run on its signature."""
         started = time.perf_counter()
         signature = target.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
-        serialized = serialized_examples(request.input, signature, method)
+        serialized = serialized_examples(request.input, signature, method, target.config.max_request_rows)
         instrument.stage("decode", time.perf_counter() - started)
         outputs = yield from infer_steps(target, signature.name, {"inputs": serialized}, len(serialized),
                                          signature.batchable, timeout_for(context, target))
@@ -266,9 +289,7 @@ class ModelService:
 
         def work() -> tuple[Any, None]:
             spec = request.model_spec
-            if not spec.name:
-                raise InvalidArgument("model_spec.name is empty")
-            model = self.calls.registry.get(spec.name)
+            model = self.calls.registry.get(model_name(spec))
             choice = spec.WhichOneof("version_choice")
             version = spec.version.value if choice == "version" else None
             if choice == "version_label":

@@ -47,7 +47,7 @@ class InferenceService:
             try:
                 target = self._target(request.name, request.version)
             except ApiError as exc:
-                if exc.status == 404:
+                if exc.status in (400, 404):  # no such model, or a name or version no model can have
                     raise
                 return self.messages.ModelReadyResponse(ready=False), None
             return self.messages.ModelReadyResponse(ready=target.state == AVAILABLE), target
@@ -94,13 +94,18 @@ class InferenceService:
                 info = signature.inputs.get(tensor.name)
                 if info is None:
                     raise InvalidArgument(f"unknown input {tensor.name!r}; the model takes {sorted(signature.inputs)}")
-                inputs[tensor.name] = v2_tensors.to_array(tensor, raw[index] if raw else None, info)
+                if tensor.name in inputs:
+                    raise InvalidArgument(f"input {tensor.name!r} is given twice")
+                inputs[tensor.name] = v2_tensors.to_array(tensor, raw[index] if raw else None, info,
+                                                          target.config.max_request_rows)
             if not inputs:
                 raise InvalidArgument("'inputs' is empty: send at least one input tensor")
             wanted = [output.name for output in request.outputs]
-            for name in wanted:
+            for index, name in enumerate(wanted):
                 if name not in signature.outputs:
                     raise InvalidArgument(f"unknown output {name!r}; the model gives {sorted(signature.outputs)}")
+                if name in wanted[:index]:
+                    raise InvalidArgument(f"output {name!r} is requested twice")
             _, outputs = yield from predict_steps(target, signature.name, inputs, started, timeout_for(context, target))
             started = time.perf_counter()
             response.model_name = target.name

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from server.errors import InvalidArgument
+from server.http.codecs.declared import check_shape, check_strings
 from server.http.codecs.v2 import DATATYPES, bytes_elements, v2_datatype
 from server.signature import TensorInfo
 
@@ -26,17 +27,19 @@ FIELD_DTYPES = {
 }
 
 
-def to_array(tensor: Any, raw: bytes | None, info: TensorInfo) -> np.ndarray:
-    """One InferInputTensor as numpy, from its typed contents or its raw bytes, checked against the input's dtype."""
+def to_array(tensor: Any, raw: bytes | None, info: TensorInfo, max_rows: int) -> np.ndarray:
+    """One InferInputTensor as numpy, from its typed contents or its raw bytes.
+
+    Its datatype and declared shape (rank, fixed sizes, at most `max_rows` rows) are checked against
+    the signature input before anything is built.
+    """
     name, datatype = tensor.name, tensor.datatype
     if datatype not in DATATYPES:
         raise InvalidArgument(f"input {name!r}: unknown datatype {datatype!r}; one of {sorted(DATATYPES)}")
     dtype = DATATYPES[datatype]
     if dtype != info.dtype:
         raise InvalidArgument(f"input {name!r} is {datatype}; the model takes {v2_datatype(info.dtype)}")
-    shape = tuple(tensor.shape)
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"input {name!r}: shape {list(shape)} has a negative size")
+    shape = check_shape(name, tensor.shape, info, max_rows)
     count = math.prod(shape)
     if raw is not None:
         if tensor.HasField("contents"):
@@ -58,6 +61,8 @@ def to_array(tensor: Any, raw: bytes | None, info: TensorInfo) -> np.ndarray:
     if len(values) != count:
         raise InvalidArgument(f"input {name!r}: {len(values)} {field} values for shape {list(shape)} ({count} expected)")
     if dtype == "string":
+        check_strings(name, count, 0)  # NOTE: 2 bytes of the message each, 64 once decoded
+        check_strings(name, count, sum(map(len, values)))
         array = np.empty(count, dtype=object)
         array[:] = list(values)
         return array.reshape(shape)

@@ -5,6 +5,10 @@ a Future; the executor takes what is queued (up to max_batch_size rows, waiting 
 max_batch_delay), makes one call at the batch's own size (or padded up to one of the model's
 `allowed_batch_sizes`, when it has them) and hands each caller its rows.
 
+A requester that gives up (its deadline, a cancelled gRPC call) abandons its job: a queued job leaves
+the queue, and a running call split into max_batch_size chunks stops before its next chunk once
+every job in it is abandoned.
+
 NOTE: no padding by default, as TensorFlow Serving: the functions have a free batch dimension, so a
 new size never retraces; its first call costs oneDNN 1-6 ms once. Padding to powers of two cost a
 batch of 17 a call of 32 (measured: 12-17 % more worker CPU per request, docs/performance.md).
@@ -17,7 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -50,12 +54,17 @@ class Job:
     finished: float = 0.0
     key: tuple = ()  # jobs with equal keys can be concatenated into one call
     trace: Any = None  # the request's span context when it is traced (server.telemetry.tracing)
+    abandoned: bool = False  # its requester gave up while it ran (ModelExecutor.abandon)
 
     def __post_init__(self) -> None:
         # Computed once, in the request thread: the executor compares keys while holding its lock.
         self.key = (self.signature,) + tuple(
             (name, array.dtype.str, array.shape[1:]) for name, array in sorted(self.inputs.items())
         )
+
+
+class Abandoned(Exception):
+    """Every job of a running call was abandoned: its remaining chunks were not run."""
 
 
 class ModelExecutor:
@@ -128,6 +137,16 @@ class ModelExecutor:
             self._queued_rows -= job.rows
         BUFFER.add(metrics.QUEUE_ROWS, (self.model,), -job.rows)
         return True
+
+    def abandon(self, job: Job) -> None:
+        """Requester, gone (past its deadline, or its client cancelled): withdraw the job, or stop its call at a chunk boundary.
+
+        A queued job leaves the queue (cancel); a running one is marked, and the call that holds it
+        stops before its next max_batch_size chunk once every job in that call is abandoned. A
+        non-batchable job runs in one call, which nothing stops.
+        """
+        if not self.cancel(job):
+            job.abandoned = True  # NOTE: read by the executor thread between chunks; a bool store is atomic
 
     def _take(self) -> list[Job]:
         """Block for the next job, then gather compatible queued jobs up to max_batch_size rows."""
@@ -210,7 +229,13 @@ class ModelExecutor:
             return
         try:
             inputs = {name: np.concatenate([job.inputs[name] for job in batch]) for name in batch[0].inputs}
-            outputs = self.call_padded(batch[0].signature, inputs, sum(job.rows for job in batch))
+            outputs = self.call_padded(batch[0].signature, inputs, sum(job.rows for job in batch), batch)
+        except Abandoned as exc:  # nobody waits for these rows: not worth running each job alone either
+            finished = time.monotonic()
+            for job in batch:
+                job.finished = finished
+                job.future.set_exception(exc)
+            return
         except Exception:
             for job in batch:
                 self._run_one(job)
@@ -226,7 +251,7 @@ class ModelExecutor:
         """Run one job and resolve its future with the outputs or the error."""
         try:
             if job.batchable:
-                result = self.call_padded(job.signature, job.inputs, job.rows)
+                result = self.call_padded(job.signature, job.inputs, job.rows, (job,))
             else:
                 BUFFER.add(metrics.BATCH_ROWS, (self.model,), job.rows)
                 result = self._run(job.signature, job.inputs)
@@ -237,10 +262,16 @@ class ModelExecutor:
             job.finished = time.monotonic()
             job.future.set_result(result)
 
-    def call_padded(self, signature: str, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-        """Run `rows` rows in chunks of at most max_batch_size, each padded up to a bucket size when there are buckets."""
+    def call_padded(self, signature: str, inputs: dict[str, np.ndarray], rows: int, jobs: Sequence[Job] = ()
+                    ) -> dict[str, np.ndarray]:
+        """Run `rows` rows in chunks of at most max_batch_size, each padded up to a bucket size when there are buckets.
+
+        Raises Abandoned before a chunk once every one of `jobs` (the jobs these rows are from) is abandoned.
+        """
         chunks = []
         for start in range(0, rows, self.max_batch_size):
+            if jobs and all(job.abandoned for job in jobs):
+                raise Abandoned(f"abandoned by its requester after {start} of {rows} rows")
             count = min(self.max_batch_size, rows - start)
             size = bucket_for(count, self.buckets) if self.buckets else count
             chunk = {}

@@ -28,8 +28,8 @@ class Wait:
     timeout: float
 
     def abandon(self) -> None:
-        """The caller is gone: withdraw the job if it waits (it then replies CancelledError)."""
-        self.executor.cancel(self.job)
+        """The caller is gone: withdraw the job if it waits (it then replies CancelledError), else stop it at its next chunk."""
+        self.executor.abandon(self.job)
 
 
 Steps = Generator[Wait, Any, T]
@@ -55,8 +55,3 @@ def run_blocking(steps: Steps[T], on_wait: Callable[[Wait], None] | None = None)
         return done.value
 
 
-def run(result: Any) -> Any:
-    """A step's value, whether it is a flow (driven here) or already a value."""
-    if isinstance(result, Generator):
-        return run_blocking(result)
-    return result

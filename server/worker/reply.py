@@ -13,7 +13,7 @@ from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as ReplyTimeout
 from typing import Any, Callable
 
-__all__ = ["Reply", "ReplyTimeout"]
+__all__ = ["CancelledError", "Reply", "ReplyTimeout"]
 
 PENDING, RUNNING, FINISHED, CANCELLED = "pending", "running", "finished", "cancelled"
 FINAL = (FINISHED, CANCELLED)

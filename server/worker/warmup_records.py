@@ -125,7 +125,7 @@ def _examples(given: Any, signature_name: str, method: str, version: ModelVersio
     from server.rpc.tfserving import DEFAULT_SIGNATURE, regression_values, serialized_examples
 
     signature = version.signature(signature_name or DEFAULT_SIGNATURE)
-    serialized = serialized_examples(given, signature, method)
+    serialized = serialized_examples(given, signature, method, version.config.max_request_rows)
     outputs = version.servable.run(signature.name, {"inputs": serialized})
     if method == "regress":
         regression_values(outputs, len(serialized))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import requests
 
@@ -42,6 +44,17 @@ CASES = [
     ("path traversal", "/v1/models/..%2F..:predict", {"instances": [1.0]}, {}, 404, ["malformed"]),
     ("version not a number", "/v1/models/mlp/versions/abc:predict", {"instances": [MLP_ROW]}, {}, 400, ["version"]),
     ("unknown verb", "/v1/models/mlp:explode", {"instances": [MLP_ROW]}, {}, 404, ["explode"]),
+    # rows are counted before a row is decoded: none of these images would decode
+    ("rows before images", "/v1/models/k3cnn:predict", {"instances": [{"b64": "aGVsbG8gd29ybGQ="}] * 1025}, {}, 400,
+     ["request has 1025 rows; the limit is 1024"]),
+    ("columns before images", "/v1/models/k3cnn:predict", {"inputs": {"pixels": [{"b64": "aGVsbG8gd29ybGQ="}] * 1025}}, {},
+     400, ["request has 1025 rows"]),
+    ("examples over the row limit", "/v1/models/half_plus_two:regress",
+     {"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}] * 1025}, {}, 400, ["request has 1025 rows"]),
+    ("examples over the row limit (classify)", "/v1/models/half_plus_two:classify",
+     {"signature_name": "classify_x_to_y", "examples": [{"x": True}] * 1025}, {}, 400, ["request has 1025 rows"]),
+    ("lists nested past numpy's dimensions", "/v1/models/mlp:predict", b'{"instances": ' + b"[" * 70 + b"0.5" + b"]" * 70 + b"}",
+     {}, 400, ["input 'features' nests its lists deeper than an array can have dimensions (64)"]),
 ]
 
 
@@ -103,3 +116,15 @@ def test_non_finite_values_reach_a_model_configured_for_them(server: Server) -> 
     response = _send(server, "/v1/models/nonfinite:predict", b'{"instances": [[NaN' + b", 0.5" * 19 + b"]]}", {})
     assert response.status_code == 200, response.text
     assert len(response.json()["predictions"][0]) == 2
+
+
+@pytest.mark.parametrize("body", [
+    {"instances": [{"b64": "aGVsbG8gd29ybGQ="}] * 1025},
+    {"inputs": [{"b64": "aGVsbG8gd29ybGQ="}] * 1025},
+])
+def test_rows_are_counted_before_decoding_on_flasks_path_too(server: Server, body: dict) -> None:
+    data = json.dumps(body).encode()
+    chunks = iter([data[:100], data[100:]])  # no Content-Length: the fast path leaves it to Flask
+    response = requests.post(server.url + "/v1/models/k3cnn:predict", data=chunks, timeout=30,
+                             headers={"Content-Type": "application/json"})
+    _assert_clean_error(response, 400, ["request has 1025 rows; the limit is 1024 (max_request_rows)"])

@@ -29,7 +29,7 @@ from tensorflow_serving.apis import (
 
 from tests.e2e.conftest import CONF, KERAS2, MAX_BODY_BYTES, REPO_ROOT, copy_models
 from tests.e2e.harness import Server
-from tests.e2e.test_metrics import samples, settled_samples, value
+from tests.e2e.test_metrics import quiet_samples, samples, settled_samples, value
 
 # The demo model with its handler (version 2) beside the plain one (version 1), as conf/models.toml serves it.
 HANDLED_CONF = """
@@ -464,3 +464,96 @@ def test_encoded_images_as_strings_decode_as_rests_b64(served: Server, predictio
     assert (bad.code(), status, bad.details()) == (grpc.StatusCode.INVALID_ARGUMENT, 400, message)
     grid = refused(predictions.Predict, predict_request("k3cnn", {"pixels": np.array([[data]], dtype=object)}))
     assert grid.code() == grpc.StatusCode.INVALID_ARGUMENT and "shape [N]" in grid.details()
+
+
+def string_fill(value: bytes, rows: int) -> Any:
+    """A DT_STRING TensorProto of shape [rows] holding one value (TF's fill): a few hundred bytes on the wire."""
+    message = tf.make_tensor_proto(value, shape=[rows])
+    assert len(message.string_val) == 1
+    return message
+
+
+def test_a_string_fill_is_counted_before_one_image_is_decoded(predictions: Any) -> None:
+    png = (REPO_ROOT / "examples" / "digit.png").read_bytes()
+    name = "image"  # the digits model's input
+    request = predict_request("digits", {name: string_fill(png, 250_000)})
+    assert request.ByteSize() < 300
+    started = time.monotonic()
+    error = refused(predictions.Predict, request, timeout=10)  # before: 250,000 PNGs decoded, 30 s of a worker's CPU
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert error.details() == "request has 250000 rows; the limit is 1024 (max_request_rows)"
+    assert time.monotonic() - started < 2
+    answer = outputs_of(predictions.Predict(predict_request("digits", {name: string_fill(png, 3)}), timeout=30))
+    assert [int(row.argmax()) for row in answer["probabilities"]] == [3, 3, 3]
+
+
+def test_a_string_fill_is_held_to_the_size_its_strings_take(predictions: Any) -> None:
+    example = tf_example(x=1.0)
+    example.features.feature["padding"].bytes_list.value.append(b"p" * 2000)
+    serialized = example.SerializeToString()
+
+    def regress(rows: int) -> predict_pb2.PredictRequest:
+        return predict_request("half_plus_two", {"inputs": string_fill(serialized, rows)}, signature="regress_x_to_y")
+
+    # 1024 rows of 2 KB: 2 MB decoded from a message of 2 KB, over the 1 MiB limit (it counted 8 bytes a row)
+    error = refused(predictions.Predict, regress(1024), timeout=30)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'inputs'" in error.details() and "larger than the request size limit (1048576 bytes" in error.details()
+    assert tf.make_ndarray(predictions.Predict(regress(400), timeout=30).outputs["outputs"]).reshape(-1).tolist() == [2.5] * 400
+
+
+@pytest.mark.parametrize("dims", [[0, 2**62, 2**62, 1], [1] * 70, [1025, 20]])
+def test_a_shape_the_signature_cannot_take_is_invalid_before_an_array_is_made(predictions: Any, dims: list[int]) -> None:
+    message = tf.make_tensor_proto(np.zeros(0, np.float32))
+    message.tensor_shape.ClearField("dim")
+    for size in dims:
+        message.tensor_shape.dim.add().size = size
+    error = refused(predictions.Predict, predict_request("mlp", {"features": message}), timeout=30)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()  # before: INTERNAL from numpy's reshape
+    assert "input 'features'" in error.details() or "request has 1025 rows" in error.details(), error.details()
+
+
+def test_classify_and_regress_count_their_examples_against_the_row_limit(served: Server, predictions: Any) -> None:
+    for method, message in (("Regress", regression_pb2.RegressionRequest()), ("Classify", classification_pb2.ClassificationRequest())):
+        signature = "regress_x_to_y" if method == "Regress" else "classify_x_to_y"
+        request = spec(message, "half_plus_two", signature=signature)
+        request.input.example_list.examples.extend([tf_example(x=1.0)] * 1025)
+        error = refused(getattr(predictions, method), request, timeout=30)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details() == "request has 1025 rows; the limit is 1024 (max_request_rows)"
+        with_context = spec(type(message)(), "half_plus_two", signature=signature)
+        with_context.input.example_list_with_context.context.CopyFrom(tf_example(x=5.0))
+        with_context.input.example_list_with_context.examples.extend([tf.train.Example()] * 1025)
+        assert refused(getattr(predictions, method), with_context, timeout=30).details() == error.details()
+        status, rest = rest_error(served, f"/v1/models/half_plus_two:{method.lower()}",
+                                  {"signature_name": signature, "examples": [{"x": 1.0}] * 1025})
+        assert (status, rest) == (400, error.details())
+    request = spec(regression_pb2.RegressionRequest(), "half_plus_two", signature="regress_x_to_y")
+    request.input.example_list.examples.extend([tf_example(x=1.0)] * 1024)
+    assert len(predictions.Regress(request, timeout=30).result.regressions) == 1024
+
+
+@pytest.mark.parametrize("name", ["../x", "..", "a/b", "x y"])
+def test_an_invalid_model_name_is_invalid_argument_on_every_call(predictions: Any, models: Any, name: str) -> None:
+    metadata = spec(get_model_metadata_pb2.GetModelMetadataRequest(), name)
+    metadata.metadata_field.append("signature_def")
+    regress = spec(regression_pb2.RegressionRequest(), name)
+    regress.input.example_list.examples.append(tf_example(x=1.0))
+    for call, request in ((predictions.Predict, predict_request(name, {"x": np.ones((1, 1), np.float32)})),
+                          (predictions.GetModelMetadata, metadata), (predictions.Regress, regress),
+                          (models.GetModelStatus, spec(get_model_status_pb2.GetModelStatusRequest(), name))):
+        error = refused(call, request, timeout=30)
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, f"invalid model name {name!r}")
+
+
+def test_a_call_past_its_deadline_stops_at_the_next_chunk_of_its_rows(served: Server, predictions: Any) -> None:
+    """The slow model runs one row a call (max_batch_size 1): a call that gave up stops running its rows."""
+    predictions.Predict(slow_request(), timeout=60)  # warm
+    two_rows = predict_request("slow", {"image": np.random.default_rng(2).random((2, 192, 192, 3), dtype=np.float32)})
+    before = quiet_samples(served)
+    error = refused(predictions.Predict, two_rows, timeout=0.05)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    predictions.Predict(slow_request(), timeout=60)  # one channel, one worker: queued behind what still runs
+    after = quiet_samples(served)
+    calls = value(after, "forkserve_batch_size_rows_count", model="slow") - value(before, "forkserve_batch_size_rows_count", model="slow")
+    assert 1 <= calls <= 2, calls  # the follow-up's call, and at most the first row of the abandoned call (before: all 3)

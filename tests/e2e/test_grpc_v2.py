@@ -372,3 +372,55 @@ def test_prometheus_sees_grpc_and_rest_requests_by_protocol(tmp_path: Path, stub
     finally:
         process.terminate()
         process.wait(30)
+
+
+def _bytes_request(shape: list[int], raw: bytes) -> service_pb2.ModelInferRequest:
+    """half_plus_two's tf.Example signature (of any rank) fed BYTES elements in raw_input_contents."""
+    request = _raw_request("half_plus_two", [("inputs", "BYTES", shape)], [raw])
+    request.parameters["signature_name"].string_param = "regress_x_to_y"
+    return request
+
+
+def _twice_the_input() -> service_pb2.ModelInferRequest:
+    return _raw_request("half_plus_two", [("x", "FP32", [2, 1]), ("x", "FP32", [2, 1])], [FLOATS, FLOATS])
+
+
+LIMITS = [
+    ("rows before data", _raw_request("half_plus_two", [("x", "FP32", [2000, 1])], [b""]),
+     "request has 2000 rows; the limit is 1024 (max_request_rows)"),
+    ("rows before typed data", _raw_request("half_plus_two", [("x", "FP32", [2000, 1])], []),
+     "request has 2000 rows; the limit is 1024 (max_request_rows)"),
+    ("a shape no array can have", _raw_request("half_plus_two", [("x", "FP32", [0, 2**62, 2**62, 1])], [b""]),
+     "input 'x': shape [0, 4611686018427387904, 4611686018427387904, 1] is larger than any tensor can be"),
+    ("rank 70", _raw_request("half_plus_two", [("x", "FP32", [1] * 70)], [b"\0" * 4]), "input 'x' has rank 70"),
+    ("an output twice", _raw_request("half_plus_two", [("x", "FP32", [2, 1])], [FLOATS], ("y", "y")),
+     "output 'y' is requested twice"),
+    ("an input twice", _twice_the_input(), "input 'x' is given twice"),
+    ("zero-length BYTES over the row limit", _bytes_request([600_000], b"\0" * 2_400_000),
+     "request has 600000 rows; the limit is 1024"),
+    # in one row, 600,000 zero-length elements: 2.4 MB of the request, 38 MB once decoded (32 MiB limit): counted, not parsed
+    ("zero-length BYTES past the size limit", _bytes_request([1, 600_000], b"\0" * 2_400_000),
+     "input 'inputs': 600000 strings of 0 bytes in all make a tensor of 38400000 bytes"),
+    ("BYTES past the shape's count", _bytes_request([2], b"\0" * 12), "input 'inputs': 4 bytes of BYTES data after the 2 elements"),
+]
+
+
+@pytest.mark.parametrize("name,request_message,words", LIMITS, ids=[e[0] for e in LIMITS])
+def test_declared_shapes_sizes_and_names_are_checked_before_decoding(stub: Any, server: Server, name: str,
+                                                                     request_message: Any, words: str) -> None:
+    rid = "limits-" + re.sub(r"[^A-Za-z0-9]+", "-", name)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ModelInfer(request_message, metadata=[("x-request-id", rid)], timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in caught.value.details(), caught.value.details()
+    wait_until(lambda: f"rid={rid} " in server.log(), 10, "the call's access line")
+    assert f"request {rid}: unexpected error" not in server.log()  # a client's error: no traceback
+
+
+@pytest.mark.parametrize("name", ["../x", "..", "a/b"])
+def test_an_invalid_model_name_is_invalid_argument_on_every_call(stub: Any, name: str) -> None:
+    for method, request in (("ModelInfer", _raw_request(name, [("x", "FP32", [2, 1])], [FLOATS])),
+                            ("ModelMetadata", service_pb2.ModelMetadataRequest(name=name)),
+                            ("ModelReady", service_pb2.ModelReadyRequest(name=name))):
+        with pytest.raises(grpc.RpcError) as caught:
+            getattr(stub, method)(request, timeout=30)
+        assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, f"invalid model name {name!r}"), method

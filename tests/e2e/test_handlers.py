@@ -418,3 +418,22 @@ def test_a_handler_that_calls_os_exit_3_costs_its_worker_not_the_server(handled:
     assert handled.process.poll() is None, handled.log()
     assert handled.post("/v1/models/scored:predict", json={"features": [0.5] * 20}).status_code == 200
     assert "exited with code 3" in handled.log() and "Worker failed to boot" not in handled.log()
+
+
+# NOTE: last in the module: the tracebacks it lets through fill this second's allowance in the workers
+def test_a_burst_of_bugs_logs_a_few_tracebacks_a_second_and_counts_the_rest(handled: Server) -> None:
+    sent = 0
+
+    def burst_reported() -> bool:
+        nonlocal sent
+        for _ in range(20):
+            bug = handled.post("/v1/models/scored:predict", json={"fail": "bug"}, headers={"X-Request-Id": f"burst-{sent}"})
+            assert bug.status_code == 500
+            sent += 1
+        return "more unexpected errors were not logged (at most 5 tracebacks a second)" in handled.log()
+
+    wait_until(burst_reported, 30, "the count of the tracebacks not logged")  # logged with the next one let through
+    log = handled.log()
+    logged = sum(log.count(f"request burst-{n}: unexpected error") for n in range(sent))
+    assert 0 < logged < sent, (logged, sent)
+    assert log.count("RuntimeError: a bug in the handler") < sent

@@ -101,6 +101,16 @@ BAD = [
     ("binary size disagrees with shape", {"inputs": [{"name": "x", "shape": [2, 1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]}, {"binary": True}, b"\x00" * 4, 400, "8 expected"),
     ("header length past the body", {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}, {"header_length": 10_000}, b"", 400, "Inference-Header-Content-Length"),
     ("NaN in data", None, {}, b'{"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [NaN]}]}', 400, "NaN"),
+    ("rows before data", {"inputs": [{"name": "x", "shape": [2000, 1], "datatype": "FP32", "data": []}]}, {}, b"", 400, "request has 2000 rows; the limit is 1024"),
+    ("a shape no array can have", {"inputs": [{"name": "x", "shape": [0, 2**62, 2**62, 1], "datatype": "FP32", "data": []}]}, {}, b"", 400,
+     "input 'x': shape [0, 4611686018427387904, 4611686018427387904, 1] is larger than any tensor can be"),
+    ("rank 70", {"inputs": [{"name": "x", "shape": [1] * 70, "datatype": "FP32", "data": [1.0]}]}, {}, b"", 400, "input 'x' has rank 70"),
+    ("an input twice", {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}] * 2}, {}, b"", 400, "input 'x' is given twice"),
+    ("an output twice", {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}], "outputs": [{"name": "y"}, {"name": "y"}]},
+     {}, b"", 400, "output 'y' is requested twice"),
+    ("zero-length BYTES past the size limit", {"parameters": {"signature_name": "regress_x_to_y"}, "inputs": [
+        {"name": "inputs", "shape": [1, 20_000], "datatype": "BYTES", "parameters": {"binary_data_size": 80_000}}]},
+     {"binary": True}, b"\xff" * 80_000, 400, "larger than the request size limit (1048576 bytes"),
 ]
 
 

@@ -10,12 +10,15 @@ import numpy as np
 from server.config import ModelConfig
 from server.errors import InvalidArgument
 from server.http.codecs.b64 import decode_b64, is_b64_value
+from server.http.codecs.declared import check_rows, check_strings, fitted_shape
 from server.http.codecs.images import decode_image
 from server.signature import SignatureInfo, TensorInfo
 
 
 def _ragged(name: str, exc: Exception) -> InvalidArgument:
     """A short 400 for nested lists numpy cannot stack (its own message runs for lines)."""
+    if "maximum number of dimension" in str(exc):
+        return InvalidArgument(f"input {name!r} nests its lists deeper than an array can have dimensions (64)")
     depth = re.search(r"after (\d+) dimension", str(exc))
     where = f": the lists at depth {int(depth[1]) + 1} differ in length" if depth else ""
     return InvalidArgument(f"input {name!r} is ragged{where}; every row must have the same shape")
@@ -30,18 +33,24 @@ def utf8(text: str, name: str) -> bytes:
 
 
 def _string_tensor(value: Any, name: str) -> np.ndarray:
-    """Nested lists of str / {"b64"} values to an object array of bytes."""
+    """Nested lists of str / {"b64"} values to an object array of bytes, held to the size limit (check_strings)."""
+    count, length = 0, 0
 
     def convert(item: Any) -> Any:
+        nonlocal count, length
         if isinstance(item, list):
             return [convert(x) for x in item]
         if isinstance(item, str):
-            return utf8(item, name)
-        if is_b64_value(item):
-            return decode_b64(item["b64"])
-        raise InvalidArgument(f"input {name!r} takes strings, got {type(item).__name__}")
+            data = utf8(item, name)
+        elif is_b64_value(item):
+            data = decode_b64(item["b64"])
+        else:
+            raise InvalidArgument(f"input {name!r} takes strings, got {type(item).__name__}")
+        count, length = count + 1, length + len(data)
+        return data
 
     converted = convert(value)
+    check_strings(name, count, length)
     try:
         array = np.array(converted, dtype=object)
     except ValueError as exc:
@@ -115,29 +124,8 @@ def to_array(value: Any, info: TensorInfo, config: ModelConfig, batched: bool = 
 
 def _fit_shape(array: np.ndarray, info: TensorInfo, strict: bool) -> np.ndarray:
     """Check the array against the signature shape; add trailing size-1 dimensions it left out."""
-    expected = info.shape
-    if expected is None:
-        return array
-    actual = array.shape
-    if len(actual) < len(expected) and all(d == 1 for d in expected[len(actual):]):
-        # [1.0, 2.0] for an input of shape [-1, 1] (TF Serving's own half_plus_two example).
-        if _dims_match(actual, expected[: len(actual)]):
-            return array.reshape(actual + (1,) * (len(expected) - len(actual))) if strict else array
-    if len(actual) != len(expected):
-        raise InvalidArgument(
-            f"input {info.name!r} has rank {len(actual)} (shape {list(actual)}), "
-            f"the model takes rank {len(expected)} {info.describe_shape()}"
-        )
-    if not _dims_match(actual, expected):
-        raise InvalidArgument(
-            f"input {info.name!r} has shape {list(actual)}, the model takes {info.describe_shape()}"
-        )
-    return array
-
-
-def _dims_match(actual: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:
-    """Every fixed dimension of `expected` equals the actual size."""
-    return all(e is None or e == a for a, e in zip(actual, expected))
+    shape = fitted_shape(info.name, array.shape, info)
+    return array.reshape(shape) if strict and shape != array.shape else array
 
 
 def validate_inputs(
@@ -167,6 +155,5 @@ def validate_inputs(
     batch = batch_sizes.pop() if batch_sizes else 1
     if batch == 0:
         raise InvalidArgument("empty batch: send at least one instance")
-    if batch > config.max_request_rows:
-        raise InvalidArgument(f"request has {batch} rows; the limit is {config.max_request_rows} (max_request_rows)")
+    check_rows(batch, config.max_request_rows)
     return fed, batch

@@ -10,6 +10,7 @@ import numpy as np
 from server.config import ModelConfig
 from server.errors import InvalidArgument
 from server.http.codecs.b64 import decode_b64, encode_b64, is_b64_value
+from server.http.codecs.declared import check_rows
 from server.http.codecs.tensors import to_array, utf8
 from server.signature import SignatureInfo
 
@@ -75,6 +76,7 @@ def decode_predict(body: Any, signature_lookup: Any, config: ModelConfig) -> Pre
             raise InvalidArgument("'instances' must be a list with one item per example")
         if not instances:
             raise InvalidArgument("empty batch: 'instances' is an empty list")
+        check_rows(len(instances), config.max_request_rows)  # NOTE: before a row is decoded (a b64 image each)
         columns = _columns_from_instances(instances, signature)
     else:
         value = body["inputs"]
@@ -90,6 +92,8 @@ def decode_predict(body: Any, signature_lookup: Any, config: ModelConfig) -> Pre
         info = signature.inputs.get(input_name)
         if info is None:
             raise InvalidArgument(f"unknown input {input_name!r}; signature {name!r} takes {sorted(signature.inputs)}")
+        if isinstance(value, list):
+            check_rows(len(value), config.max_request_rows)
         arrays[input_name] = to_array(value, info, config, batched=has_instances or isinstance(value, list))
     return PredictRequest(name, arrays, has_instances)
 
@@ -149,8 +153,8 @@ def _feature(value: Any, feature_pb2: Any) -> Any:
     return feature
 
 
-def decode_examples(body: Any) -> tuple[str, np.ndarray]:
-    """classify/regress body (`examples` + optional `context`) to serialized tf.Examples."""
+def decode_examples(body: Any, max_rows: int) -> tuple[str, np.ndarray]:
+    """classify/regress body (`examples` + optional `context`) to serialized tf.Examples, at most `max_rows` of them."""
     # NOTE: runs in a worker, where TensorFlow is already loaded; the protobuf class is all we use.
     from tensorflow.core.example import example_pb2, feature_pb2
 
@@ -161,6 +165,7 @@ def decode_examples(body: Any) -> tuple[str, np.ndarray]:
     examples = body.get("examples")
     if not isinstance(examples, list) or not examples:
         raise InvalidArgument("'examples' must be a non-empty list of objects")
+    check_rows(len(examples), max_rows)
     context = body.get("context", {})
     if not isinstance(context, dict):
         raise InvalidArgument("'context' must be an object")

@@ -11,6 +11,7 @@ import numpy as np
 
 from server.errors import InvalidArgument
 from server.http.codecs import jsonio
+from server.http.codecs.declared import check_shape, check_strings
 from server.http.codecs.tensors import numeric_array, utf8
 from server.signature import SignatureInfo, TensorInfo
 
@@ -73,20 +74,30 @@ def _shape(value: Any, name: str) -> tuple[int, ...]:
 
 
 def bytes_elements(data: bytes, count: int, name: str) -> np.ndarray:
-    """BYTES tensor data (REST's binary extension, gRPC's raw contents): each element a 4-byte little-endian length and its bytes."""
-    elements, offset = [], 0
-    while offset < len(data):
+    """BYTES tensor data (REST's binary extension, gRPC's raw contents): each element a 4-byte little-endian length and its bytes.
+
+    NOTE: the shape's count is checked against the bytes there are (4 a zero-length element) and
+    the size its elements take once decoded (check_strings) before one is read, and the parse stops
+    at the count: 32 MB of zeros would otherwise be 8M elements.
+    """
+    if count * 4 > len(data):
+        raise InvalidArgument(f"input {name!r}: {len(data)} bytes of BYTES data cannot hold the {count} elements of its "
+                              "shape (4 length bytes each at least)")
+    check_strings(name, count, len(data) - 4 * count)
+    elements, offset = np.empty(count, dtype=object), 0
+    for index in range(count):
         if offset + 4 > len(data):
             raise InvalidArgument(f"input {name!r}: truncated BYTES element length")
         (length,) = struct.unpack_from("<I", data, offset)
         offset += 4
         if offset + length > len(data):
             raise InvalidArgument(f"input {name!r}: BYTES element of {length} bytes runs past the data")
-        elements.append(data[offset : offset + length])
+        elements[index] = data[offset : offset + length]
         offset += length
-    if len(elements) != count:
-        raise InvalidArgument(f"input {name!r}: {len(elements)} BYTES elements for a shape of {count}")
-    return np.array(elements, dtype=object)
+    if offset != len(data):
+        raise InvalidArgument(f"input {name!r}: {len(data) - offset} bytes of BYTES data after the {count} elements of "
+                              "its shape")
+    return elements
 
 
 def _flatten(data: Any) -> list[Any]:
@@ -101,8 +112,9 @@ def _flatten(data: Any) -> list[Any]:
     return flat
 
 
-def _input_array(spec: dict[str, Any], binary: bytes, offset: int, info: TensorInfo) -> tuple[np.ndarray, int]:
-    """One input tensor, and the offset after its binary data."""
+def _input_array(spec: dict[str, Any], binary: bytes, offset: int, info: TensorInfo, max_rows: int
+                 ) -> tuple[np.ndarray, int]:
+    """One input tensor, and the offset after its binary data; its datatype and declared shape are checked first."""
     name = spec["name"]
     shape = _shape(spec.get("shape"), name)
     datatype = spec.get("datatype")
@@ -111,6 +123,7 @@ def _input_array(spec: dict[str, Any], binary: bytes, offset: int, info: TensorI
     dtype = DATATYPES[datatype]
     if dtype != info.dtype:
         raise InvalidArgument(f"input {name!r} is {datatype}; the model takes {v2_datatype(info.dtype)}")
+    check_shape(name, shape, info, max_rows)
     count = math.prod(shape)
     parameters = spec.get("parameters") or {}
     size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
@@ -133,6 +146,8 @@ def _input_array(spec: dict[str, Any], binary: bytes, offset: int, info: TensorI
             raise InvalidArgument(f"input {name!r}: {len(flat)} data elements for shape {list(shape)} ({count} expected)")
         if not all(isinstance(x, str) for x in flat):
             raise InvalidArgument(f"input {name!r}: BYTES data must be strings")
+        check_strings(name, count, 0)
+        check_strings(name, count, sum(map(len, flat)))
         return np.array([utf8(x, name) for x in flat], dtype=object).reshape(shape), offset
     array = numeric_array(spec["data"], info)
     if array.size != count:
@@ -140,8 +155,8 @@ def _input_array(spec: dict[str, Any], binary: bytes, offset: int, info: TensorI
     return array.reshape(shape), offset
 
 
-def decode_infer(header: Any, binary: bytes, signature_lookup: Any) -> InferRequest:
-    """Parse an infer request against the signature `signature_lookup(name)` returns."""
+def decode_infer(header: Any, binary: bytes, signature_lookup: Any, max_rows: int) -> InferRequest:
+    """Parse an infer request against the signature `signature_lookup(name)` returns (at most `max_rows` rows)."""
     if not isinstance(header, dict):
         raise InvalidArgument("infer request must be a JSON object")
     parameters = header.get("parameters") or {}
@@ -159,7 +174,9 @@ def decode_infer(header: Any, binary: bytes, signature_lookup: Any) -> InferRequ
         info = signature.inputs.get(spec["name"])
         if info is None:
             raise InvalidArgument(f"unknown input {spec['name']!r}; the model takes {sorted(signature.inputs)}")
-        arrays[spec["name"]], offset = _input_array(spec, binary, offset, info)
+        if spec["name"] in arrays:
+            raise InvalidArgument(f"input {spec['name']!r} is given twice")
+        arrays[spec["name"]], offset = _input_array(spec, binary, offset, info, max_rows)
     if offset != len(binary):
         raise InvalidArgument(f"{len(binary) - offset} binary bytes after the last input")
     binary_default = bool(parameters.get("binary_data_output", False))
@@ -167,6 +184,8 @@ def decode_infer(header: Any, binary: bytes, signature_lookup: Any) -> InferRequ
     for output in header.get("outputs") or []:
         if not isinstance(output, dict) or output.get("name") not in signature.outputs:
             raise InvalidArgument(f"unknown output {output!r}; the model gives {sorted(signature.outputs)}")
+        if output["name"] in requested:
+            raise InvalidArgument(f"output {output['name']!r} is requested twice")
         output_parameters = output.get("parameters") or {}
         requested[output["name"]] = bool(output_parameters.get("binary_data", binary_default))
     request_id = header.get("id")

@@ -18,10 +18,12 @@ from flask.testing import FlaskClient
 from prometheus_client import REGISTRY
 
 from server.config import ModelConfig, ServerConfig
+from server.http import common
 from server.http.app import create_app
 from server.repository import VersionSource
 from server.settings import Settings
 from server.signature import SignatureInfo, TensorInfo
+from server.telemetry.lines import LineLimit
 from server.worker.registry import Model, ModelVersion
 
 SIGNATURE = SignatureInfo("serving_default", "predict", {"x": TensorInfo("x", "float32", (None, 2))},
@@ -90,6 +92,12 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlaskClient]:
     registry.loaded = True
     yield app.test_client()
     __import__(version.handler.module_name).HANG.set()
+
+
+@pytest.fixture(autouse=True)
+def every_traceback_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh traceback rate limit per test: these tests read the traceback of their own request."""
+    monkeypatch.setattr(common, "TRACEBACK_LOG_LIMIT", LineLimit(per_second=5))
 
 
 def post(client: FlaskClient, body: dict, **headers: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -9,8 +10,11 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
+import server.settings
 from server.errors import ApiError, InvalidArgument
+from server.http.codecs.declared import STRING_ELEMENT_BYTES
 from server.rpc.tensor_proto import DTYPES, ENUMS, from_array, to_array
+from server.settings import Settings
 
 NUMERIC = [name for name, _ in DTYPES.values() if name != "string"]
 
@@ -153,3 +157,42 @@ def test_one_value_may_not_fill_a_shape_past_the_request_size_limit(dtype: str) 
     assert proto.ByteSize() < 100  # a tiny request naming a tensor of terabytes
     with pytest.raises(InvalidArgument, match="larger than the request size limit"):
         to_array(proto, "x")
+
+
+@pytest.fixture
+def body_limit(monkeypatch: pytest.MonkeyPatch) -> int:
+    """FORKSERVE_MAX_BODY_BYTES of 1 MiB for this test."""
+    limit = 1024 * 1024
+    monkeypatch.setattr(server.settings, "_current", dataclasses.replace(Settings.current(), max_body_bytes=limit))
+    return limit
+
+
+def test_a_string_fill_counts_the_string_s_length_and_each_element(body_limit: int) -> None:
+    png = b"\x89PNG" + b"p" * 189  # the 193 bytes of the demo's digit
+    rows = body_limit // (len(png) + STRING_ELEMENT_BYTES)
+    assert to_array(tf.make_tensor_proto(png, shape=[rows]), "image").shape == (rows,)
+    with pytest.raises(InvalidArgument) as refused:  # 8 bytes an element would have let 131,072 rows through
+        to_array(tf.make_tensor_proto(png, shape=[rows + 1]), "image")
+    assert "input 'image'" in refused.value.message and "larger than the request size limit" in refused.value.message
+    empty = body_limit // STRING_ELEMENT_BYTES + 1
+    with pytest.raises(InvalidArgument, match="larger than the request size limit"):
+        to_array(tf.make_tensor_proto(b"", shape=[empty]), "text")
+
+
+def test_many_short_strings_are_held_to_the_size_they_take_decoded(body_limit: int) -> None:
+    count = body_limit // STRING_ELEMENT_BYTES + 1
+    message = proto(types_pb2.DT_STRING, [count], string_val=[b""] * count)
+    assert message.ByteSize() < body_limit // 20  # 2 bytes each on the wire
+    with pytest.raises(InvalidArgument, match="larger than the request size limit"):
+        to_array(message, "text")
+    fits = proto(types_pb2.DT_STRING, [count - 2], string_val=[b""] * (count - 2))
+    assert to_array(fits, "text").shape == (count - 2,)
+
+
+@pytest.mark.parametrize(("dims", "says"), [
+    ([0, 2**62, 2**62, 1], "is larger than any tensor can be"),
+    ([1] * 70, "has rank 70"),
+])
+def test_shapes_no_array_can_have_are_refused_not_raised_by_numpy(dims: list[int], says: str) -> None:
+    with pytest.raises(InvalidArgument, match=says):
+        to_array(proto(types_pb2.DT_FLOAT, dims), "x")

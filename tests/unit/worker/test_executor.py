@@ -12,7 +12,7 @@ import pytest
 
 from server.config import ModelConfig
 from server.errors import ApiError, ResourceExhausted
-from server.worker.executor import Job, ModelExecutor, bucket_for
+from server.worker.executor import Abandoned, Job, ModelExecutor, bucket_for
 from server.worker.reply import Reply as Future
 
 TIMEOUT = 10.0  # seconds any single wait may take before the test fails instead of hanging
@@ -386,3 +386,59 @@ def test_integer_and_multi_input_jobs_are_batched_per_input() -> None:
     np.testing.assert_array_equal(out["sum"], a + b)
     np.testing.assert_array_equal(out["a_first"], a[:, :1])
     assert seen == [4]
+
+
+# --- abandoned jobs ---------------------------------------------------------------------------
+
+
+class Chunks:
+    """A run function that counts its calls (chunks); the first waits for `gate`, so a test can abandon meanwhile."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.first = threading.Event()
+        self.calls = 0
+
+    def __call__(self, signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        if self.calls == 1:
+            self.first.set()
+            assert self.gate.wait(TIMEOUT), "the test never released the executor"
+        return {"y": inputs["x"] * 2 + 1}
+
+
+@pytest.fixture
+def chunks() -> Iterator[Chunks]:
+    counting = Chunks()
+    yield counting
+    counting.gate.set()
+
+
+def test_an_abandoned_job_stops_its_call_at_the_next_chunk(chunks: Chunks) -> None:
+    executor = ModelExecutor("m/1", chunks, 2, 0.0, 10_000)
+    executor.start()
+    job = executor.submit("serving_default", {"x": rows(0, 20)}, 20, True)  # 10 chunks of 2 rows
+    assert chunks.first.wait(TIMEOUT)
+    executor.abandon(job)
+    chunks.gate.set()
+    with pytest.raises(Abandoned, match="after 2 of 20 rows"):
+        job.future.result(timeout=TIMEOUT)
+    assert chunks.calls == 1
+    later = executor.submit("serving_default", {"x": rows(0, 3)}, 3, True)  # the executor goes on
+    np.testing.assert_array_equal(result(later.future), rows(0, 3) * 2 + 1)
+    assert chunks.calls == 3
+
+
+def test_an_abandoned_queued_job_is_withdrawn_and_a_finished_one_is_left_alone(chunks: Chunks) -> None:
+    executor = ModelExecutor("m/1", chunks, 2, 0.0, 10_000)
+    executor.start()
+    running = executor.submit("serving_default", {"x": rows(0, 1)}, 1, True)
+    assert chunks.first.wait(TIMEOUT)
+    queued = executor.submit("serving_default", {"x": rows(100, 4)}, 4, True)
+    executor.abandon(queued)
+    assert queued.future.cancelled() and executor.queued_rows == 0
+    chunks.gate.set()
+    np.testing.assert_array_equal(result(running.future), rows(0, 1) * 2 + 1)
+    executor.abandon(running)  # too late to matter: its answer stays
+    np.testing.assert_array_equal(result(running.future), rows(0, 1) * 2 + 1)
+    assert chunks.calls == 1  # the queued job never ran

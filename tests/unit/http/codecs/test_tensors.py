@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
 import pytest
 
+import server.settings
 from server.config import ModelConfig
 from server.errors import InvalidArgument
+from server.http.codecs.declared import STRING_ELEMENT_BYTES
 from server.http.codecs.tensors import to_array, validate_inputs
+from server.settings import Settings
 from server.signature import SignatureInfo, TensorInfo
 
 CONFIG = ModelConfig()
@@ -116,6 +120,17 @@ def test_non_strings_into_a_string_input_are_refused(value: list) -> None:
 def test_invalid_b64_in_a_string_input_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="invalid base64"):
         to_array([{"b64": "!!"}], info("string", None), CONFIG)
+
+
+def test_a_string_input_is_held_to_the_size_it_takes_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    limit = 64 * 1024
+    monkeypatch.setattr(server.settings, "_current", dataclasses.replace(Settings.current(), max_body_bytes=limit))
+    fits = limit // STRING_ELEMENT_BYTES  # zero-length strings: 3 bytes of JSON each
+    assert to_array([[""]] * fits, info("string", None, 1), CONFIG).shape == (fits, 1)
+    with pytest.raises(InvalidArgument, match="input 'x': 1025 strings of 0 bytes in all make a tensor of 65600 bytes"):
+        to_array([[""]] * (fits + 1), info("string", None, 1), CONFIG)
+    with pytest.raises(InvalidArgument, match="larger than the request size limit"):
+        to_array([[b64(b"x" * 100)]] * (fits // 2), info("string", None, 1), CONFIG)
 
 
 def test_lone_surrogate_in_a_string_input_is_invalid_argument() -> None:

@@ -14,6 +14,7 @@ from server.http.codecs import jsonio
 from server.http.codecs.tfserving import (
     DEFAULT_SIGNATURE,
     PredictRequest,
+    decode_examples,
     decode_predict,
     encode_classify,
     encode_predict,
@@ -314,3 +315,22 @@ def test_encode_regress_gives_one_value_per_example() -> None:
 def test_encode_regress_refuses_other_output_shapes(outputs: dict[str, np.ndarray]) -> None:
     with pytest.raises(InvalidArgument, match="one 'outputs' value per example"):
         encode_regress(outputs, batch=2)
+
+
+def test_rows_over_the_limit_are_refused_before_a_row_is_decoded() -> None:
+    config = ModelConfig(max_request_rows=4)
+    junk = {"b64": base64.b64encode(b"not an image").decode()}  # decoding any row would fail on it
+    for body in ({"instances": [junk] * 5}, {"inputs": [junk] * 5}, {"inputs": {"image": [junk] * 5}}):
+        with pytest.raises(InvalidArgument, match=r"request has 5 rows; the limit is 4 \(max_request_rows\)"):
+            decode_predict(body, Lookup(IMAGE), config)
+    with pytest.raises(InvalidArgument, match="cannot decode image"):
+        decode_predict({"instances": [junk] * 4}, Lookup(IMAGE), config)
+
+
+def test_examples_over_the_row_limit_are_refused_before_one_is_built() -> None:
+    with pytest.raises(InvalidArgument, match=r"request has 5 rows; the limit is 4 \(max_request_rows\)"):
+        decode_examples({"examples": [{"x": True}] * 5}, max_rows=4)  # building one would refuse the boolean
+    with pytest.raises(InvalidArgument, match="boolean"):
+        decode_examples({"examples": [{"x": True}] * 4}, max_rows=4)
+    name, serialized = decode_examples({"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}] * 4}, max_rows=4)
+    assert name == "regress_x_to_y" and serialized.shape == (4,)
