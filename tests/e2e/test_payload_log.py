@@ -19,7 +19,8 @@ import pytest
 
 from server.cli.payloads import log_files, records
 from tests.e2e.filesystems import filled, tmpfs
-from tests.e2e.harness import ROOT, Server, free_port, wait_until
+from tests.e2e.harness import ROOT, Server, free_port, memory_kib, wait_until
+from tests.e2e.hostile_receiver import HostileReceiver
 from tests.e2e.test_handlers import version_dir
 from tests.e2e.test_metrics import samples, value
 
@@ -196,14 +197,22 @@ def test_files_rotate_by_size_and_stay_bounded(file_server: Server, payload_dir:
     assert all(MAX_MB * 2**20 <= path.stat().st_size < MAX_MB * 2**20 + line for path in rotated)
 
 
+HUGE = 256 << 20
+ZEROS = b"\0" * (1 << 20)
+
+
 class Receiver:
-    """A CloudEvents receiver in this process: records every POST's headers and body; answers 200, 500 or hangs."""
+    """A CloudEvents receiver in this process: records every POST's headers and body; answers 200, 500, hangs, answers
+    slowly, with a huge body, or a redirect to `location`."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.mode = "ok"
         self.events: list[tuple[dict[str, str], bytes]] = []
+        self.answered: list[str] = []  # ce-ids of response events answered 200 (the record arrived whole)
         self.release = threading.Event()
+        self.slow_answers = 0  # "slow": this many POSTs are answered after 0.3 s, later ones hang until release
+        self.location = ""
         self.open()
 
     def open(self) -> None:
@@ -213,11 +222,26 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.events.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                if receiver.mode == "hang":
+                if receiver.mode == "hang" or (receiver.mode == "slow" and receiver.slow_answers <= 0):
                     receiver.release.wait(30)
-                self.send_response(500 if receiver.mode == "500" else 200)
-                self.send_header("Content-Length", "0")
+                elif receiver.mode == "slow":
+                    receiver.slow_answers -= 1
+                    time.sleep(0.3)
+                if receiver.mode == "redirect":
+                    self.send_response(307)
+                    self.send_header("Location", receiver.location)
+                else:
+                    self.send_response(500 if receiver.mode == "500" else 200)
+                self.send_header("Content-Length", str(HUGE if receiver.mode == "huge" else 0))
                 self.end_headers()
+                if receiver.mode == "huge":  # what a worker must never read: it stops at a few KB and closes
+                    try:
+                        for _ in range(HUGE // len(ZEROS)):
+                            self.wfile.write(ZEROS)
+                    except OSError:
+                        return
+                if receiver.mode != "500" and self.headers.get("ce-type", "").endswith(".response"):
+                    receiver.answered.append(self.headers["ce-id"])
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -336,3 +360,35 @@ def test_a_grpc_predict_is_logged_with_its_tensors_as_lists(http_server: Server,
     assert request_headers["ce-endpoint"] == "tfserving_predict" and response_headers["ce-statuscode"] == "200"
     assert json.loads(request_body) == {"inputs": {"features": [ROW]}}
     assert len(json.loads(response_body)["outputs"]["logits"][0]) > 0
+
+
+def test_a_receivers_redirect_is_a_failed_write_never_followed(http_server: Server, receiver: Receiver) -> None:
+    with HostileReceiver() as elsewhere:
+        receiver.mode, receiver.location = "redirect", elsewhere.url
+        try:
+            failed = dropped(http_server, "write_failed")
+            for number in range(2):
+                assert http_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                        headers={"X-Request-Id": f"redirected-{number}"}).ok
+            wait_until(lambda: dropped(http_server, "write_failed") >= failed + 2, 15, "the 307s counted as failed writes")
+        finally:
+            receiver.mode = "ok"
+        assert elsewhere.posts == 0  # the payload never went where the receiver pointed
+
+
+def test_a_receivers_huge_answer_costs_the_worker_no_memory(http_server: Server, receiver: Receiver) -> None:
+    [pid] = http_server.worker_pids()
+    receiver.mode = "huge"
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from the RSS now
+    rss = memory_kib(pid, "VmRSS")
+    started = time.monotonic()
+    for number in range(2):
+        assert http_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                headers={"X-Request-Id": f"huge-{number}"}).ok
+    events_of(receiver, "huge-1")
+    receiver.mode = "ok"
+    assert http_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                            headers={"X-Request-Id": "after-huge"}).ok
+    events_of(receiver, "after-huge")  # one writer, in order: the huge answers are behind it
+    assert (memory_kib(pid, "VmHWM") - rss) < 64 * 1024, "the worker read the 256 MiB answers"
+    assert time.monotonic() - started < 10

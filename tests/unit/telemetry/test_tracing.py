@@ -62,3 +62,30 @@ def test_an_errors_span_message_never_quotes_a_handler() -> None:
     assert trace.error == ("InvalidArgument", "input 'x' takes float32 numbers")
     tracing.note_error(trace, KeyError("secret"))
     assert trace.error == ("KeyError", "internal error")
+
+
+@pytest.mark.parametrize("mode", ["trickle", "trickle_headers", "huge", "redirect"])
+def test_the_exporter_forkserve_builds_is_bounded_by_a_hostile_collector(mode: str) -> None:
+    import time
+    import tracemalloc
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from tests.e2e.hostile_receiver import HostileReceiver
+
+    span = TracerProvider().get_tracer("t").start_span("x")
+    span.end()
+    with HostileReceiver(mode, size=256 << 20, interval=0.2) as collector, HostileReceiver() as elsewhere:
+        collector.location = elsewhere.url
+        exporter = OTLPSpanExporter(endpoint=collector.url, timeout=1.5, session=tracing.exporter_session())
+        tracemalloc.start()
+        started = time.monotonic()
+        try:
+            exporter.export([span])
+            seconds, peak = time.monotonic() - started, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            exporter.shutdown()
+    assert seconds < 3 and peak < 1 << 20, (seconds, peak)  # the export's whole timeout; a few KB of the answer
+    assert elsewhere.posts == 0
