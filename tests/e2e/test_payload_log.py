@@ -22,7 +22,7 @@ from tests.e2e.filesystems import filled, tmpfs
 from tests.e2e.harness import ROOT, Server, free_port, memory_kib, wait_until
 from tests.e2e.hostile_receiver import HostileReceiver
 from tests.e2e.test_handlers import version_dir
-from tests.e2e.test_metrics import samples, value
+from tests.e2e.test_metrics import samples, settled_samples, value
 
 ROW = [0.5] * 20
 MAX_MB = 0.01  # about 30 records per file: rotation within a test
@@ -392,3 +392,28 @@ def test_a_receivers_huge_answer_costs_the_worker_no_memory(http_server: Server,
     events_of(receiver, "after-huge")  # one writer, in order: the huge answers are behind it
     assert (memory_kib(pid, "VmHWM") - rss) < 64 * 1024, "the worker read the 256 MiB answers"
     assert time.monotonic() - started < 10
+
+
+def test_a_stopping_worker_drains_its_queue_then_counts_what_is_left(http_server: Server, receiver: Receiver) -> None:
+    reasons = ("shutdown", "queue_full", "write_failed")
+    before = {reason: dropped(http_server, reason) for reason in reasons}
+    [pid] = http_server.worker_pids()
+    # 4 POSTs (2 records) answered in 0.3 s each, then the receiver hangs: the drain's 2 s end on a write in flight
+    receiver.mode, receiver.release, receiver.slow_answers = "slow", threading.Event(), 4
+    sent = 8  # one being written, 4 queued (FORKSERVE_PAYLOAD_LOG_QUEUE), 3 dropped at once
+    try:
+        for number in range(sent):
+            assert http_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                    headers={"X-Request-Id": f"drain-{number}"}).ok
+        http_server.restart_worker()
+    finally:
+        receiver.release.set()
+        receiver.mode = "ok"
+    after = settled_samples(http_server, lambda scrape: value(scrape, "forkserve_payload_log_dropped_total",
+                                                              reason="shutdown") > before["shutdown"], "shutdown counted")
+    lost = {reason: value(after, "forkserve_payload_log_dropped_total", reason=reason) - before[reason] for reason in reasons}
+    arrived = {request_id for request_id in receiver.answered if request_id.startswith("drain-")}
+    assert len(arrived) + sum(lost.values()) == sent, (arrived, lost)
+    assert len(arrived) >= 1 and lost["shutdown"] >= 1
+    lines = [line for line in http_server.log().splitlines() if f"forkserve worker {pid} stopped with" in line]
+    assert len(lines) == 1 and f"with {int(lost['shutdown'])} payload records not written" in lines[0], lines
