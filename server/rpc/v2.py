@@ -14,6 +14,7 @@ from server.http.common import model_address, predict
 from server.http.v2 import SERVER_VERSION
 from server.rpc import messages, v2_tensors
 from server.rpc.calls import Calls, timeout_for
+from server.telemetry.payloads import capture
 from server.worker.registry import AVAILABLE, ModelVersion
 
 SERVICE = "inference.GRPCInferenceService"
@@ -80,6 +81,8 @@ class InferenceService:
         def work() -> tuple[Any, ModelVersion]:
             target = self._target(request.model_name, request.model_version)
             instrument.set_version(target.version)
+            if capture.ON:
+                capture.sample(instrument.current(), target)
             started = time.perf_counter()
             parameters = request.parameters
             signature_name = (parameters["signature_name"].string_param if "signature_name" in parameters
@@ -100,7 +103,12 @@ class InferenceService:
             for name in wanted:
                 if name not in signature.outputs:
                     raise InvalidArgument(f"unknown output {name!r}; the model gives {sorted(signature.outputs)}")
+            if capture.ON:
+                capture.request_body(instrument.current(), {"inputs": inputs})  # nested lists of the decoded tensors
+                capture.tensors(instrument.current(), inputs)
             _, outputs = predict(target, signature.name, inputs, started, timeout_for(context, target))
+            if capture.ON:
+                capture.outputs(instrument.current(), {"outputs": {name: outputs[name] for name in wanted or outputs}})
             started = time.perf_counter()
             response.model_name = target.name
             response.model_version = str(target.version)

@@ -43,6 +43,15 @@ class Handler:
         return {**body, "user": "REDACTED"}
 '''
 RAISING = REDACTING.replace('return {**body, "user": "REDACTED"}', 'raise KeyError("no such field")')
+# redact_tensors masks the first feature of every row, whatever protocol brought the tensors.
+MASKING = REDACTING + '''
+    def redact_tensors(self, inputs: dict) -> dict:
+        inputs["features"][:, 0] = -1.0
+        return {"features": inputs["features"]}
+'''
+SECRET = 0.987654  # a first feature that no record of a redacting model may show
+SECRET_ROW = [SECRET] + ROW[1:]
+MASKED_ROW = [-1.0] + ROW[1:]
 CONF = """
 [models.logged]
 payload_log = { sample = 1.0 }
@@ -52,6 +61,14 @@ handler = true
 payload_log = { sample = 1.0 }
 
 [models.leaky]
+handler = true
+payload_log = { sample = 1.0 }
+
+[models.masked]
+handler = true
+payload_log = { sample = 1.0 }
+
+[models.regressed]
 handler = true
 payload_log = { sample = 1.0 }
 
@@ -77,6 +94,9 @@ def file_server(model_repo: Path, payload_dir: Path, tmp_path_factory: pytest.Te
     shutil.copytree(model_repo / "half_plus_two", repo / "half_plus_two")
     version_dir(repo, "redacted", 1, mlp, REDACTING)
     version_dir(repo, "leaky", 1, mlp, RAISING)
+    version_dir(repo, "masked", 1, mlp, MASKING)
+    shutil.copytree(model_repo / "half_plus_two" / "00000123", repo / "regressed" / "1")  # has a regress signature
+    (repo / "regressed" / "1" / "handler.py").write_text(REDACTING)
     run_dir = tmp_path_factory.mktemp("payload-run")
     (run_dir / "models.toml").write_text(CONF)
     server = Server(models_dir=repo, run_dir=run_dir, conf_path=run_dir / "models.toml", workers=1, env={
@@ -157,6 +177,65 @@ def test_a_raising_redact_logs_the_record_without_inputs(file_server: Server, pa
     assert "alice" not in "".join(path.read_text() for path in log_files(payload_dir))
     wait_until(lambda: value(samples(file_server), "forkserve_payload_log_dropped_total", reason="redact_failed") > before,
                15, "redact_failed counted")
+
+
+def grpc_predict(server: Server, model: str, request_id: str, row: list[float]) -> None:
+    """TF Serving's gRPC Predict of one row."""
+    grpc = pytest.importorskip("grpc")
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from server.rpc import tensor_proto
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    tensor_proto.from_array(np.asarray([row], dtype=np.float32), request.inputs["features"], "features")
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10,
+                                                                           metadata=[("x-request-id", request_id)])
+
+
+def grpc_model_infer(server: Server, model: str, request_id: str, row: list[float]) -> None:
+    """V2 gRPC ModelInfer of one row (tritonclient's messages: this process never imports server.rpc.protos)."""
+    grpc = pytest.importorskip("grpc")
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name=model)
+    request.inputs.add(name="features", datatype="FP32", shape=[1, len(row)]).contents.fp32_contents.extend(row)
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10,
+                                                                     metadata=[("x-request-id", request_id)])
+
+
+def bypassing_requests(server: Server, model: str, prefix: str, row: list[float]) -> list[str]:
+    """The requests that reach a handler model without its handler: V2 REST, gRPC Predict, gRPC ModelInfer; their ids."""
+    v2_body = {"inputs": [{"name": "features", "shape": [1, len(row)], "datatype": "FP32", "data": row}]}
+    assert server.post(f"/v2/models/{model}/infer", json=v2_body, headers={"X-Request-Id": f"{prefix}-v2"}).ok
+    grpc_predict(server, model, f"{prefix}-grpc", row)
+    grpc_model_infer(server, model, f"{prefix}-grpc-v2", row)
+    return [f"{prefix}-v2", f"{prefix}-grpc", f"{prefix}-grpc-v2"]
+
+
+def test_requests_that_bypass_a_redacting_handler_are_logged_without_inputs(file_server: Server, payload_dir: Path) -> None:
+    ids = bypassing_requests(file_server, "redacted", "bypass", SECRET_ROW)
+    regress = file_server.post("/v1/models/regressed:regress", headers={"X-Request-Id": "bypass-regress"},
+                               json={"signature_name": "regress_x_to_y", "examples": [{"x": SECRET}]})
+    assert regress.status_code == 200, regress.text
+    for request_id in [*ids, "bypass-regress"]:
+        [record] = logged(payload_dir, request_id)
+        assert record["status"] == 200 and record["outputs"] is not None, record
+        assert record["inputs"] is None and "not redact_tensors" in record["inputs_omitted"], record
+    assert {r["protocol"] for r in records(payload_dir) if r["request_id"].startswith("bypass-")} == {"rest", "grpc"}
+    assert str(SECRET) not in "".join(path.read_text() for path in log_files(payload_dir))
+
+
+def test_redact_tensors_redacts_every_request_that_bypasses_the_handler(file_server: Server, payload_dir: Path) -> None:
+    for request_id in bypassing_requests(file_server, "masked", "masked", SECRET_ROW):
+        [record] = logged(payload_dir, request_id)
+        assert record["inputs"] == {"inputs": {"features": [MASKED_ROW]}} and "inputs_omitted" not in record, record
+    body = {"features": ROW, "user": "alice@example.com"}  # through the handler: redact(body)
+    assert file_server.post("/v1/models/masked:predict", json=body, headers={"X-Request-Id": "masked-rest"}).ok
+    assert logged(payload_dir, "masked-rest")[0]["inputs"] == {"features": ROW, "user": "REDACTED"}
+    assert str(SECRET) not in "".join(path.read_text() for path in log_files(payload_dir))
 
 
 def test_the_cli_reads_the_files_into_a_table(file_server: Server, payload_dir: Path) -> None:

@@ -44,9 +44,9 @@ def _warn(message: str, *args: Any) -> None:
 
 
 def size_of(sampled: Sampled) -> int:
-    """The bytes a queued record holds: its inputs, its response body and (gRPC) its outputs."""
+    """The bytes a queued record holds: its inputs (or decoded tensors), its response body and (gRPC) its outputs."""
     capture = sampled.capture
-    return len(sampled.body) + len(capture.inputs or b"") + len(capture.outputs or b"")
+    return len(sampled.body) + len(capture.inputs or b"") + len(capture.outputs or b"") + capture.tensor_bytes
 
 
 class Writer:
@@ -118,7 +118,7 @@ class Writer:
             return False
         if built.redact_error:
             count_drop("redact_failed")
-            _warn("model %s: Handler.redact raised (%s): request %s logged without its inputs",
+            _warn("model %s: the handler's redaction raised (%s): request %s logged without its inputs",
                   sampled.model, built.redact_error, sampled.request_id)
         try:
             self.sink.write(built)

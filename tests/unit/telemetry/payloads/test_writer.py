@@ -10,7 +10,7 @@ from typing import Any
 
 from server.cli.payloads import log_files, records
 from server.telemetry.payloads import capture, record
-from server.telemetry.payloads.capture import Capture, Sampled
+from server.telemetry.payloads.capture import Capture, Redaction, Sampled
 from server.telemetry.payloads.file_sink import KEEP, FileSink
 from server.telemetry.payloads.writer import Writer
 from tests.e2e.harness import wait_until
@@ -28,8 +28,8 @@ def sampled(request_id: str = "r1", body: Any = None, redact: Any = None, status
             answer: bytes = b'{"predictions":[[1.0]]}') -> Sampled:
     """A sampled request through capture's own functions."""
     inference = Answered(request_id)
-    inference.payload = Capture(1_700_000_000.0, redact)
-    capture.inputs(inference, body if body is not None else {"instances": [[0.5]]})
+    inference.payload = Capture(1_700_000_000.0, Redaction(redact, None) if redact is not None else None)
+    capture.handler_body(inference, body if body is not None else {"instances": [[0.5]]})
     taken: list[Sampled] = []
     capture._submit, saved = taken.append, capture._submit
     try:
