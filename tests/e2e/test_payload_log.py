@@ -276,6 +276,31 @@ def test_files_rotate_by_size_and_stay_bounded(file_server: Server, payload_dir:
     assert all(MAX_MB * 2**20 <= path.stat().st_size < MAX_MB * 2**20 + line for path in rotated)
 
 
+def test_a_symlink_planted_at_a_workers_file_is_refused_never_followed(file_server: Server, payload_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    assert file_server.post("/v1/models/logged:predict", json={"instances": [ROW]}, headers={"X-Request-Id": "link-0"}).ok
+    logged(payload_dir, "link-0")
+    [current] = [path for path in log_files(payload_dir) if path.name.endswith(".jsonl")]
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    failed = value(samples(file_server), "forkserve_payload_log_dropped_total", reason="write_failed")
+    current.unlink()
+    current.symlink_to(victim)  # another user of DIR planting a link where the worker writes
+    sent = iter(range(1, 1000))
+
+    def refused() -> bool:  # the worker looks at its path once a second: send until it has
+        assert file_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                headers={"X-Request-Id": f"link-{next(sent)}"}).ok
+        return value(samples(file_server), "forkserve_payload_log_dropped_total", reason="write_failed") > failed
+
+    wait_until(refused, 15, "the planted link refused", interval=0.2)
+    assert victim.read_text() == "precious\n"
+    assert "is a symbolic link: not followed" in file_server.log()
+    current.unlink()
+    assert file_server.post("/v1/models/logged:predict", json={"instances": [ROW]}, headers={"X-Request-Id": "link-after"}).ok
+    logged(payload_dir, "link-after")  # the link gone: a file of its own again
+
+
 HUGE = 256 << 20
 ZEROS = b"\0" * (1 << 20)
 
