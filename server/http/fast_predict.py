@@ -95,7 +95,7 @@ class FastPredict:
             try:
                 data = jsonio.loads(self._body(environ))
                 if capture.ON:
-                    capture.inputs(instrument.current(), data)
+                    capture.request_body(instrument.current(), data)
                 payload = tfserving_predict(target, data, request_timeout(target, environ.get("HTTP_X_REQUEST_TIMEOUT")))
                 body, status = encode_json(payload, timed=True), 200
                 headers.append(("X-Model-Version", str(target.version)))

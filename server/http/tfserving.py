@@ -86,10 +86,12 @@ def models(rest: str) -> Response:
     if capture.ON:
         capture.sample(instrument.current(), target)
     body = read_json()
-    if capture.ON:
-        capture.inputs(instrument.current(), body)
     if action == "predict" and target.handler is not None:
+        if capture.ON:
+            capture.handler_body(instrument.current(), body)
         return json_response(predict_with_handler(target, body), version=target)
+    if capture.ON:
+        capture.request_body(instrument.current(), body)
     if action == "predict":
         return json_response(tfserving_predict(target, body, flask_request_timeout(target)), version=target)
     return json_response(_classify_or_regress(target, body, action), version=target)
@@ -120,6 +122,8 @@ def _classify_or_regress(target: ModelVersion, body: Any, method: str) -> dict[s
     if list(signature.inputs) != ["inputs"] or signature.inputs["inputs"].dtype != "string":
         raise InvalidArgument(f"signature {signature_name!r} does not take serialized tf.Examples")
     rows = len(serialized)
+    if capture.ON:
+        capture.tensors(instrument.current(), {"inputs": serialized})
     instrument.stage("decode", time.perf_counter() - started)
     outputs = infer(target, signature.name, {"inputs": serialized}, rows, signature.batchable, flask_request_timeout(target))
     if method == "classify":

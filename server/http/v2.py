@@ -102,8 +102,10 @@ def model_infer(name: str, version: str | None = None) -> Response:
     started = time.perf_counter()
     header, binary = v2.split_body(request_body(), request.headers.get(v2.HEADER_LENGTH))
     if capture.ON:
-        capture.inputs(instrument.current(), header)  # NOTE: binary-extension tensor bytes are not logged
+        capture.request_body(instrument.current(), header)  # NOTE: binary-extension tensor bytes are not logged
     decoded = v2.decode_infer(header, binary, target.signature, target.config.max_request_rows)
+    if capture.ON:
+        capture.tensors(instrument.current(), decoded.inputs)
     signature, outputs = predict(target, decoded.signature_name, decoded.inputs, started, flask_request_timeout(target))
     started = time.perf_counter()
     body, header_length = v2.encode_infer(decoded, outputs, signature, name, target.version)

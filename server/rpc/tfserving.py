@@ -184,7 +184,8 @@ class PredictionService:
             wanted = output_names(request.output_filter, signature)
             inputs = decode_inputs(request.inputs, signature, target)
             if capture.ON:
-                capture.inputs(instrument.current(), {"inputs": inputs})  # nested lists of the decoded tensors
+                capture.request_body(instrument.current(), {"inputs": inputs})  # nested lists of the decoded tensors
+                capture.tensors(instrument.current(), inputs)
             _, outputs = yield from predict_steps(target, signature.name, inputs, started, timeout_for(context, target))
             if capture.ON:
                 capture.outputs(instrument.current(), {"outputs": {name: outputs[name] for name in wanted or outputs}})

@@ -14,6 +14,7 @@ from server.http.common import model_address, predict_steps
 from server.http.v2 import SERVER_VERSION
 from server.rpc import messages, v2_tensors
 from server.rpc.calls import Calls, timeout_for
+from server.telemetry.payloads import capture
 from server.worker.flow import Steps
 from server.worker.registry import AVAILABLE, ModelVersion
 
@@ -81,6 +82,8 @@ class InferenceService:
         def work() -> Steps[tuple[Any, ModelVersion]]:
             target = self._target(request.model_name, request.model_version)
             instrument.set_version(target.version)
+            if capture.ON:
+                capture.sample(instrument.current(), target)
             started = time.perf_counter()
             parameters = request.parameters
             signature_name = (parameters["signature_name"].string_param if "signature_name" in parameters
@@ -106,7 +109,12 @@ class InferenceService:
                     raise InvalidArgument(f"unknown output {name!r}; the model gives {sorted(signature.outputs)}")
                 if name in wanted[:index]:
                     raise InvalidArgument(f"output {name!r} is requested twice")
+            if capture.ON:
+                capture.request_body(instrument.current(), {"inputs": inputs})  # nested lists of the decoded tensors
+                capture.tensors(instrument.current(), inputs)
             _, outputs = yield from predict_steps(target, signature.name, inputs, started, timeout_for(context, target))
+            if capture.ON:
+                capture.outputs(instrument.current(), {"outputs": {name: outputs[name] for name in wanted or outputs}})
             started = time.perf_counter()
             response.model_name = target.name
             response.model_version = str(target.version)

@@ -165,7 +165,7 @@ WORKERS_ALIVE = Gauge(
 )
 PAYLOAD_LOG_DROPPED = Counter(
     "forkserve_payload_log_dropped", "Sampled payload records not logged, by reason: queue_full, write_failed, "
-    "redact_failed (written without inputs), encode_failed.", ["reason"],
+    "redact_failed (written without inputs), encode_failed, shutdown (queued when the worker stopped).", ["reason"],
 )
 WORKER_BOOTS = Counter("forkserve_worker_boots", "Workers that finished booting (models loaded or failed).")
 WORKER_EXITS = Counter(

@@ -113,7 +113,7 @@ def start() -> bool:
     # collector is counted and reported by _CountingExporter instead
     logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.CRITICAL)
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    _processor = BatchSpanProcessor(_CountingExporter(OTLPSpanExporter(), endpoint))
+    _processor = BatchSpanProcessor(_CountingExporter(OTLPSpanExporter(session=exporter_session()), endpoint))
     _count_queue_drops(_processor)
     provider.add_span_processor(_processor)
     _tracer = provider.get_tracer("forkserve")
@@ -124,6 +124,19 @@ def start() -> bool:
         metrics.record(lambda reason=reason: metrics.TRACE_SPANS_DROPPED.labels(reason))
     ENABLED = True
     return True
+
+
+CREDENTIAL_PROVIDER_VARIABLES = ("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
+                                 "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER")
+
+
+def exporter_session() -> Any:
+    """The OTLP exporter's session: bounded answers and time, no redirects (bounded_http); None: a credential provider's, unbounded."""
+    if any(os.environ.get(name) for name in CREDENTIAL_PROVIDER_VARIABLES):
+        return None
+    from server.telemetry.bounded_http import BoundedSession
+
+    return BoundedSession()
 
 
 def _sampler() -> tuple[Any, int | None]:

@@ -7,6 +7,8 @@ optional:
     setup(self, version_dir: pathlib.Path) -> None        worker, after fork, before warm-up
     preprocess(self, body: dict) -> dict[str, ndarray]     request thread: the JSON body -> model inputs
     postprocess(self, outputs: dict[str, ndarray], body: dict) -> Any   request thread: rows -> response
+    redact(self, body: dict) -> Any, redact_tensors(self, inputs: dict[str, ndarray]) -> dict
+                                                           payload-log writer thread: what a record may show
 
 and, optionally, class attributes `example` (a request body warm-up and publish run through
 both methods), `signature_name` (the signature preprocess feeds; default serving_default),
@@ -62,7 +64,8 @@ class Handler:
     response_schema: dict | None
     module_name: str
     pool: HandlerPool  # the threads preprocess and postprocess run on
-    redact: Callable[[Any], Any] | None = None  # applied to logged inputs by the payload log's writer (docs/handlers.md)
+    redact: Callable[[Any], Any] | None = None  # the payload log's writer applies it to a logged handler body (docs/handlers.md)
+    redact_tensors: Callable[[dict], Any] | None = None  # ... and this to the decoded inputs of a request that bypasses the handler
 
     def describe(self) -> dict[str, Any]:
         """What metadata and /openapi.json say about this handler."""
@@ -142,6 +145,7 @@ def _build(module: Any, version_dir: Path, module_name: str, label: str) -> Hand
         module_name=module_name,
         pool=HandlerPool(label, Settings.current().threads),
         redact=getattr(instance, "redact", None),
+        redact_tensors=getattr(instance, "redact_tensors", None),
     )
 
 

@@ -191,6 +191,12 @@ def worker_exit(server: Any, worker: Any) -> None:
         worker.log.error("forkserve worker %s leaves with exit code %d (%s): %s", os.getpid(), code, reason,
                          _what_ended(error))
     BUFFER.flush()
+    from server.telemetry.payloads import capture
+
+    if capture.ON:
+        from server.telemetry.payloads import writer
+
+        writer.stop()  # bounded: DRAIN_S, then the record being written is aborted; the rest counted and logged once
     from server.telemetry import tracing
 
     tracing.stop()  # bounded: an endpoint that hangs costs EXIT_FLUSH_S at most

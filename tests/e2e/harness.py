@@ -40,6 +40,12 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval
         time.sleep(interval)
 
 
+def memory_kib(pid: int, field: str = "VmRSS") -> int:
+    """A /proc/PID/status memory field in KiB: VmRSS now, VmHWM the peak (since `echo 5 > /proc/PID/clear_refs`)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith(f"{field}:")))
+
+
 def pid_alive(pid: int) -> bool:
     """True while the process exists and is not a zombie."""
     try:

@@ -1,4 +1,4 @@
-"""A test OTLP/HTTP trace receiver: decodes real ExportTraceServiceRequest protobufs; answers 200, 503, or hangs."""
+"""A test OTLP/HTTP trace receiver: decodes real ExportTraceServiceRequest protobufs; answers 200, 503, hangs, or 200 with 256 MiB."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+
+
+HUGE = 256 << 20
+ZEROS = b"\0" * (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ def _attributes(pairs: Any) -> dict[str, Any]:
 
 
 class Receiver:
-    """OTLP/HTTP on 127.0.0.1:<port>/v1/traces; `mode` is "ok", "503" or "hang" (switchable while running)."""
+    """OTLP/HTTP on 127.0.0.1:<port>/v1/traces; `mode` is "ok", "503", "hang" or "huge" (switchable while running)."""
 
     def __init__(self) -> None:
         self.mode = "ok"
@@ -61,6 +65,16 @@ class Receiver:
                 mode = receiver.mode
                 if mode == "hang":
                     receiver._release.wait(60)
+                    return
+                if mode == "huge":  # 200, then an answer no exporter should read: its spans are not kept
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(HUGE))
+                    self.end_headers()
+                    try:
+                        for _ in range(HUGE // len(ZEROS)):
+                            self.wfile.write(ZEROS)
+                    except OSError:
+                        pass
                     return
                 if mode == "503":
                     self.send_response(503)

@@ -19,9 +19,10 @@ import pytest
 
 from server.cli.payloads import log_files, records
 from tests.e2e.filesystems import filled, tmpfs
-from tests.e2e.harness import ROOT, Server, free_port, wait_until
+from tests.e2e.harness import ROOT, Server, free_port, memory_kib, wait_until
+from tests.e2e.hostile_receiver import HostileReceiver
 from tests.e2e.test_handlers import version_dir
-from tests.e2e.test_metrics import samples, value
+from tests.e2e.test_metrics import samples, settled_samples, value
 
 ROW = [0.5] * 20
 MAX_MB = 0.01  # about 30 records per file: rotation within a test
@@ -42,6 +43,15 @@ class Handler:
         return {**body, "user": "REDACTED"}
 '''
 RAISING = REDACTING.replace('return {**body, "user": "REDACTED"}', 'raise KeyError("no such field")')
+# redact_tensors masks the first feature of every row, whatever protocol brought the tensors.
+MASKING = REDACTING + '''
+    def redact_tensors(self, inputs: dict) -> dict:
+        inputs["features"][:, 0] = -1.0
+        return {"features": inputs["features"]}
+'''
+SECRET = 0.987654  # a first feature that no record of a redacting model may show
+SECRET_ROW = [SECRET] + ROW[1:]
+MASKED_ROW = [-1.0] + ROW[1:]
 CONF = """
 [models.logged]
 payload_log = { sample = 1.0 }
@@ -51,6 +61,14 @@ handler = true
 payload_log = { sample = 1.0 }
 
 [models.leaky]
+handler = true
+payload_log = { sample = 1.0 }
+
+[models.masked]
+handler = true
+payload_log = { sample = 1.0 }
+
+[models.regressed]
 handler = true
 payload_log = { sample = 1.0 }
 
@@ -76,6 +94,9 @@ def file_server(model_repo: Path, payload_dir: Path, tmp_path_factory: pytest.Te
     shutil.copytree(model_repo / "half_plus_two", repo / "half_plus_two")
     version_dir(repo, "redacted", 1, mlp, REDACTING)
     version_dir(repo, "leaky", 1, mlp, RAISING)
+    version_dir(repo, "masked", 1, mlp, MASKING)
+    shutil.copytree(model_repo / "half_plus_two" / "00000123", repo / "regressed" / "1")  # has a regress signature
+    (repo / "regressed" / "1" / "handler.py").write_text(REDACTING)
     run_dir = tmp_path_factory.mktemp("payload-run")
     (run_dir / "models.toml").write_text(CONF)
     server = Server(models_dir=repo, run_dir=run_dir, conf_path=run_dir / "models.toml", workers=1, env={
@@ -158,6 +179,65 @@ def test_a_raising_redact_logs_the_record_without_inputs(file_server: Server, pa
                15, "redact_failed counted")
 
 
+def grpc_predict(server: Server, model: str, request_id: str, row: list[float]) -> None:
+    """TF Serving's gRPC Predict of one row."""
+    grpc = pytest.importorskip("grpc")
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from server.rpc import tensor_proto
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    tensor_proto.from_array(np.asarray([row], dtype=np.float32), request.inputs["features"], "features")
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10,
+                                                                           metadata=[("x-request-id", request_id)])
+
+
+def grpc_model_infer(server: Server, model: str, request_id: str, row: list[float]) -> None:
+    """V2 gRPC ModelInfer of one row (tritonclient's messages: this process never imports server.rpc.protos)."""
+    grpc = pytest.importorskip("grpc")
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name=model)
+    request.inputs.add(name="features", datatype="FP32", shape=[1, len(row)]).contents.fp32_contents.extend(row)
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10,
+                                                                     metadata=[("x-request-id", request_id)])
+
+
+def bypassing_requests(server: Server, model: str, prefix: str, row: list[float]) -> list[str]:
+    """The requests that reach a handler model without its handler: V2 REST, gRPC Predict, gRPC ModelInfer; their ids."""
+    v2_body = {"inputs": [{"name": "features", "shape": [1, len(row)], "datatype": "FP32", "data": row}]}
+    assert server.post(f"/v2/models/{model}/infer", json=v2_body, headers={"X-Request-Id": f"{prefix}-v2"}).ok
+    grpc_predict(server, model, f"{prefix}-grpc", row)
+    grpc_model_infer(server, model, f"{prefix}-grpc-v2", row)
+    return [f"{prefix}-v2", f"{prefix}-grpc", f"{prefix}-grpc-v2"]
+
+
+def test_requests_that_bypass_a_redacting_handler_are_logged_without_inputs(file_server: Server, payload_dir: Path) -> None:
+    ids = bypassing_requests(file_server, "redacted", "bypass", SECRET_ROW)
+    regress = file_server.post("/v1/models/regressed:regress", headers={"X-Request-Id": "bypass-regress"},
+                               json={"signature_name": "regress_x_to_y", "examples": [{"x": SECRET}]})
+    assert regress.status_code == 200, regress.text
+    for request_id in [*ids, "bypass-regress"]:
+        [record] = logged(payload_dir, request_id)
+        assert record["status"] == 200 and record["outputs"] is not None, record
+        assert record["inputs"] is None and "not redact_tensors" in record["inputs_omitted"], record
+    assert {r["protocol"] for r in records(payload_dir) if r["request_id"].startswith("bypass-")} == {"rest", "grpc"}
+    assert str(SECRET) not in "".join(path.read_text() for path in log_files(payload_dir))
+
+
+def test_redact_tensors_redacts_every_request_that_bypasses_the_handler(file_server: Server, payload_dir: Path) -> None:
+    for request_id in bypassing_requests(file_server, "masked", "masked", SECRET_ROW):
+        [record] = logged(payload_dir, request_id)
+        assert record["inputs"] == {"inputs": {"features": [MASKED_ROW]}} and "inputs_omitted" not in record, record
+    body = {"features": ROW, "user": "alice@example.com"}  # through the handler: redact(body)
+    assert file_server.post("/v1/models/masked:predict", json=body, headers={"X-Request-Id": "masked-rest"}).ok
+    assert logged(payload_dir, "masked-rest")[0]["inputs"] == {"features": ROW, "user": "REDACTED"}
+    assert str(SECRET) not in "".join(path.read_text() for path in log_files(payload_dir))
+
+
 def test_the_cli_reads_the_files_into_a_table(file_server: Server, payload_dir: Path) -> None:
     logged(payload_dir, "fast-1")
     command = [sys.executable, "-m", "server", "payloads", str(payload_dir)]
@@ -196,14 +276,47 @@ def test_files_rotate_by_size_and_stay_bounded(file_server: Server, payload_dir:
     assert all(MAX_MB * 2**20 <= path.stat().st_size < MAX_MB * 2**20 + line for path in rotated)
 
 
+def test_a_symlink_planted_at_a_workers_file_is_refused_never_followed(file_server: Server, payload_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    assert file_server.post("/v1/models/logged:predict", json={"instances": [ROW]}, headers={"X-Request-Id": "link-0"}).ok
+    logged(payload_dir, "link-0")
+    [current] = [path for path in log_files(payload_dir) if path.name.endswith(".jsonl")]
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    failed = value(samples(file_server), "forkserve_payload_log_dropped_total", reason="write_failed")
+    current.unlink()
+    current.symlink_to(victim)  # another user of DIR planting a link where the worker writes
+    sent = iter(range(1, 1000))
+
+    def refused() -> bool:  # the worker looks at its path once a second: send until it has
+        assert file_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                headers={"X-Request-Id": f"link-{next(sent)}"}).ok
+        return value(samples(file_server), "forkserve_payload_log_dropped_total", reason="write_failed") > failed
+
+    wait_until(refused, 15, "the planted link refused", interval=0.2)
+    assert victim.read_text() == "precious\n"
+    assert "is a symbolic link: not followed" in file_server.log()
+    current.unlink()
+    assert file_server.post("/v1/models/logged:predict", json={"instances": [ROW]}, headers={"X-Request-Id": "link-after"}).ok
+    logged(payload_dir, "link-after")  # the link gone: a file of its own again
+
+
+HUGE = 256 << 20
+ZEROS = b"\0" * (1 << 20)
+
+
 class Receiver:
-    """A CloudEvents receiver in this process: records every POST's headers and body; answers 200, 500 or hangs."""
+    """A CloudEvents receiver in this process: records every POST's headers and body; answers 200, 500, hangs, answers
+    slowly, with a huge body, or a redirect to `location`."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.mode = "ok"
         self.events: list[tuple[dict[str, str], bytes]] = []
+        self.answered: list[str] = []  # ce-ids of response events answered 200 (the record arrived whole)
         self.release = threading.Event()
+        self.slow_answers = 0  # "slow": this many POSTs are answered after 0.3 s, later ones hang until release
+        self.location = ""
         self.open()
 
     def open(self) -> None:
@@ -213,11 +326,26 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.events.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                if receiver.mode == "hang":
+                if receiver.mode == "hang" or (receiver.mode == "slow" and receiver.slow_answers <= 0):
                     receiver.release.wait(30)
-                self.send_response(500 if receiver.mode == "500" else 200)
-                self.send_header("Content-Length", "0")
+                elif receiver.mode == "slow":
+                    receiver.slow_answers -= 1
+                    time.sleep(0.3)
+                if receiver.mode == "redirect":
+                    self.send_response(307)
+                    self.send_header("Location", receiver.location)
+                else:
+                    self.send_response(500 if receiver.mode == "500" else 200)
+                self.send_header("Content-Length", str(HUGE if receiver.mode == "huge" else 0))
                 self.end_headers()
+                if receiver.mode == "huge":  # what a worker must never read: it stops at a few KB and closes
+                    try:
+                        for _ in range(HUGE // len(ZEROS)):
+                            self.wfile.write(ZEROS)
+                    except OSError:
+                        return
+                if receiver.mode != "500" and self.headers.get("ce-type", "").endswith(".response"):
+                    receiver.answered.append(self.headers["ce-id"])
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -336,3 +464,60 @@ def test_a_grpc_predict_is_logged_with_its_tensors_as_lists(http_server: Server,
     assert request_headers["ce-endpoint"] == "tfserving_predict" and response_headers["ce-statuscode"] == "200"
     assert json.loads(request_body) == {"inputs": {"features": [ROW]}}
     assert len(json.loads(response_body)["outputs"]["logits"][0]) > 0
+
+
+def test_a_receivers_redirect_is_a_failed_write_never_followed(http_server: Server, receiver: Receiver) -> None:
+    with HostileReceiver() as elsewhere:
+        receiver.mode, receiver.location = "redirect", elsewhere.url
+        try:
+            failed = dropped(http_server, "write_failed")
+            for number in range(2):
+                assert http_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                        headers={"X-Request-Id": f"redirected-{number}"}).ok
+            wait_until(lambda: dropped(http_server, "write_failed") >= failed + 2, 15, "the 307s counted as failed writes")
+        finally:
+            receiver.mode = "ok"
+        assert elsewhere.posts == 0  # the payload never went where the receiver pointed
+
+
+def test_a_receivers_huge_answer_costs_the_worker_no_memory(http_server: Server, receiver: Receiver) -> None:
+    [pid] = http_server.worker_pids()
+    receiver.mode = "huge"
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from the RSS now
+    rss = memory_kib(pid, "VmRSS")
+    started = time.monotonic()
+    for number in range(2):
+        assert http_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                headers={"X-Request-Id": f"huge-{number}"}).ok
+    events_of(receiver, "huge-1")
+    receiver.mode = "ok"
+    assert http_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                            headers={"X-Request-Id": "after-huge"}).ok
+    events_of(receiver, "after-huge")  # one writer, in order: the huge answers are behind it
+    assert (memory_kib(pid, "VmHWM") - rss) < 64 * 1024, "the worker read the 256 MiB answers"
+    assert time.monotonic() - started < 10
+
+
+def test_a_stopping_worker_drains_its_queue_then_counts_what_is_left(http_server: Server, receiver: Receiver) -> None:
+    reasons = ("shutdown", "queue_full", "write_failed")
+    before = {reason: dropped(http_server, reason) for reason in reasons}
+    [pid] = http_server.worker_pids()
+    # 4 POSTs (2 records) answered in 0.3 s each, then the receiver hangs: the drain's 2 s end on a write in flight
+    receiver.mode, receiver.release, receiver.slow_answers = "slow", threading.Event(), 4
+    sent = 8  # one being written, 4 queued (FORKSERVE_PAYLOAD_LOG_QUEUE), 3 dropped at once
+    try:
+        for number in range(sent):
+            assert http_server.post("/v1/models/logged:predict", json={"instances": [ROW]},
+                                    headers={"X-Request-Id": f"drain-{number}"}).ok
+        http_server.restart_worker()
+    finally:
+        receiver.release.set()
+        receiver.mode = "ok"
+    after = settled_samples(http_server, lambda scrape: value(scrape, "forkserve_payload_log_dropped_total",
+                                                              reason="shutdown") > before["shutdown"], "shutdown counted")
+    lost = {reason: value(after, "forkserve_payload_log_dropped_total", reason=reason) - before[reason] for reason in reasons}
+    arrived = {request_id for request_id in receiver.answered if request_id.startswith("drain-")}
+    assert len(arrived) + sum(lost.values()) == sent, (arrived, lost)
+    assert len(arrived) >= 1 and lost["shutdown"] >= 1
+    lines = [line for line in http_server.log().splitlines() if f"forkserve worker {pid} stopped with" in line]
+    assert len(lines) == 1 and f"with {int(lost['shutdown'])} payload records not written" in lines[0], lines

@@ -24,7 +24,7 @@ from tritonclient.grpc.service_pb2 import InferTensorContents, ModelInferRequest
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
 from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, wait_until
+from tests.e2e.harness import Server, memory_kib, wait_until
 from tests.e2e.nginx import Nginx
 from tests.e2e.otlp_receiver import Receiver, Span
 from server.cli.payloads import records
@@ -262,6 +262,23 @@ def test_a_stopping_worker_waits_for_a_hanging_endpoint_briefly(traced: Server, 
     assert time.monotonic() - started < 6  # gunicorn's own stop plus EXIT_FLUSH_S, not the 1 s timeout per retry
     receiver.mode = "ok"
     traced.wait_workers_loaded(1)
+
+
+def test_a_collectors_huge_answer_costs_the_worker_no_memory(traced: Server, receiver: Receiver) -> None:
+    [pid] = traced.worker_pids()
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from the RSS now
+    rss = memory_kib(pid, "VmRSS")
+    receiver.mode = "huge"
+    try:
+        posts = receiver.posts
+        assert predict_fast(traced, 5) < 0.5
+        wait_until(lambda: receiver.posts > posts, 10, "an export to the huge answer")
+    finally:
+        receiver.mode = "ok"
+    header, trace_id, _ = traceparent()
+    assert traced.post("/v1/models/mlp:predict", json={"instances": [ROW]}, headers={"traceparent": header}).ok
+    server_span(receiver, trace_id)  # one exporter thread, in order: the huge answer is behind it
+    assert memory_kib(pid, "VmHWM") - rss < 64 * 1024, "the exporter read the 256 MiB answer"
 
 
 def test_an_exporter_that_is_down_never_slows_a_request(traced: Server, receiver: Receiver) -> None:

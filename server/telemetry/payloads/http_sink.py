@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import socket
 
-import requests
-
+from server.telemetry.bounded_http import BoundedSession
 from server.telemetry.payloads.record import Record
 
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
-TIMEOUT = (1.0, 2.0)  # connect, read: a hanging receiver holds the writer thread this long, never a request
+TIMEOUT = (1.0, 2.0)  # connect, read: an event holds the writer thread 3 s at most in all (bounded_http), never a request
 
 
 class ReceiverFailed(OSError):
@@ -18,12 +17,13 @@ class ReceiverFailed(OSError):
 
 
 class HttpSink:
-    """POSTs each record's two events to `url` with one requests session (the writer thread's)."""
+    """POSTs each record's two events to `url` with one bounded session (the writer thread's): a few KB of each
+    answer read, redirects never followed (a 3xx is a failed write), 3 s per event at most."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.source = f"http://{socket.gethostname()}/forkserve"
-        self.session = requests.Session()
+        self.session = BoundedSession()
 
     def write(self, record: Record) -> None:
         """Both events; requests' errors and an error status propagate to the writer, which counts them."""
@@ -43,9 +43,12 @@ class HttpSink:
 
     def _post(self, headers: dict[str, str], body: bytes) -> None:
         response = self.session.post(self.url, data=body, headers=headers, timeout=TIMEOUT)
-        response.close()
         if response.status_code >= 300:
             raise ReceiverFailed(f"{self.url} answered {response.status_code}")
+
+    def abort(self) -> None:
+        """End the event being sent now (a stopping worker); the write fails."""
+        self.session.abort()
 
     def close(self) -> None:
         self.session.close()

@@ -6,13 +6,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import orjson
 
+from server.telemetry.payloads import capture as captured
 from server.telemetry.payloads.capture import Sampled
-
-
-class RedactFailed(Exception):
-    """The handler's redact raised: the record is written without its inputs."""
 
 
 @dataclass(slots=True)
@@ -25,6 +23,7 @@ class Record:
     outputs: bytes | None
     error: dict[str, Any] | None
     redact_error: str = ""
+    inputs_omitted: str = ""  # why a redacted version's record has no inputs
 
     def fields(self) -> dict[str, Any]:
         """The record as one JSON object (a file line); inputs and outputs embedded without parsing them again."""
@@ -37,6 +36,7 @@ class Record:
             "outputs": orjson.Fragment(self.outputs) if self.outputs is not None else None,
             "error": self.error,
             **({"redact_error": self.redact_error} if self.redact_error else {}),
+            **({"inputs_omitted": self.inputs_omitted} if self.inputs_omitted else {}),
         }
 
     def line(self) -> bytes:
@@ -45,7 +45,11 @@ class Record:
 
 
 def build(sampled: Sampled) -> Record:
-    """The record of a sampled request: redaction applied (writer thread); RedactFailed is left to the caller to count."""
+    """The record of a sampled request, redacted by the handler's hook for its inputs' form (writer thread).
+
+    A hook that raises (or returns what JSON cannot hold) leaves the inputs out with `redact_error`
+    set, for the caller to count; a version with hooks never logs inputs that none of them saw.
+    """
     capture = sampled.capture
     arrived = datetime.fromtimestamp(capture.arrived, UTC).isoformat(timespec="milliseconds")
     outputs, error = None, None
@@ -53,13 +57,21 @@ def build(sampled: Sampled) -> Record:
         error = {"status": sampled.status, "message": _error_message(sampled.body)}
     elif sampled.is_json:
         outputs = sampled.body
-    record = Record(sampled, arrived.replace("+00:00", "Z"), capture.inputs, outputs, error)
-    if capture.redact is not None and capture.inputs is not None:
-        try:
-            record.inputs = orjson.dumps(capture.redact(orjson.loads(capture.inputs)), option=orjson.OPT_SERIALIZE_NUMPY)
-        except BaseException as exc:  # NOTE: user code (SystemExit included): never log unredacted inputs
-            record.inputs = None
-            record.redact_error = f"{type(exc).__name__}: {exc}"[:200]
+    redaction = capture.redaction
+    record = Record(sampled, arrived.replace("+00:00", "Z"), capture.inputs if redaction is None else None, outputs, error)
+    if redaction is None:
+        return record
+    try:
+        if capture.tensors is not None and redaction.tensors is not None:
+            copies = {name: np.array(array, copy=True) for name, array in capture.tensors.items()}  # its own, writable
+            record.inputs = captured.to_json({"inputs": redaction.tensors(copies)})
+        elif capture.inputs is not None and redaction.body is not None:
+            record.inputs = captured.to_json(redaction.body(orjson.loads(capture.inputs)))
+        else:
+            record.inputs_omitted = capture.omitted or captured.NOT_DECODED
+    except BaseException as exc:  # NOTE: user code (SystemExit included): never log unredacted inputs
+        record.inputs = None
+        record.redact_error = f"{type(exc).__name__}: {exc}"[:200]
     return record
 
 

@@ -96,3 +96,30 @@ def test_a_request_on_no_route_gets_none(api: str, path: str) -> None:
 
 def test_the_route_set_is_small_and_fixed() -> None:
     assert len(tracing.ROUTES) == 11 and all(len(route) < 60 and "{model}" in route for route in tracing.ROUTES)
+
+
+@pytest.mark.parametrize("mode", ["trickle", "trickle_headers", "huge", "redirect"])
+def test_the_exporter_forkserve_builds_is_bounded_by_a_hostile_collector(mode: str) -> None:
+    import time
+    import tracemalloc
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from tests.e2e.hostile_receiver import HostileReceiver
+
+    span = TracerProvider().get_tracer("t").start_span("x")
+    span.end()
+    with HostileReceiver(mode, size=256 << 20, interval=0.2) as collector, HostileReceiver() as elsewhere:
+        collector.location = elsewhere.url
+        exporter = OTLPSpanExporter(endpoint=collector.url, timeout=1.5, session=tracing.exporter_session())
+        tracemalloc.start()
+        started = time.monotonic()
+        try:
+            exporter.export([span])
+            seconds, peak = time.monotonic() - started, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            exporter.shutdown()
+    assert seconds < 3 and peak < 1 << 20, (seconds, peak)  # the export's whole timeout; a few KB of the answer
+    assert elsewhere.posts == 0

@@ -10,7 +10,7 @@ from typing import Any
 
 from server.cli.payloads import log_files, records
 from server.telemetry.payloads import capture, record
-from server.telemetry.payloads.capture import Capture, Sampled
+from server.telemetry.payloads.capture import Capture, Redaction, Sampled
 from server.telemetry.payloads.file_sink import KEEP, FileSink
 from server.telemetry.payloads.writer import Writer
 from tests.e2e.harness import wait_until
@@ -28,8 +28,8 @@ def sampled(request_id: str = "r1", body: Any = None, redact: Any = None, status
             answer: bytes = b'{"predictions":[[1.0]]}') -> Sampled:
     """A sampled request through capture's own functions."""
     inference = Answered(request_id)
-    inference.payload = Capture(1_700_000_000.0, redact)
-    capture.inputs(inference, body if body is not None else {"instances": [[0.5]]})
+    inference.payload = Capture(1_700_000_000.0, Redaction(redact, None) if redact is not None else None)
+    capture.handler_body(inference, body if body is not None else {"instances": [[0.5]]})
     taken: list[Sampled] = []
     capture._submit, saved = taken.append, capture._submit
     try:
@@ -113,9 +113,9 @@ def test_a_full_queue_drops_without_blocking() -> None:
     started = time.perf_counter()
     for number in range(10):
         writer.put(sampled(f"r{number}"))  # returns at once: the writer is stuck on the first it took
-    assert time.perf_counter() - started < 0.5 and writer.queue.qsize() <= 2
+    assert time.perf_counter() - started < 0.5 and writer.queued() <= 2
     sink.release.set()
-    wait_until(lambda: writer.queue.empty() and len(sink.written) >= 2, 10, "the queue drained")
+    wait_until(lambda: writer.queued() == 0 and len(sink.written) >= 2, 10, "the queue drained")
     assert len(sink.written) <= 3  # the one being written and the two queued; the rest were dropped
 
 
@@ -126,9 +126,9 @@ def test_the_queue_is_bounded_in_bytes_too() -> None:
     writer.thread.start()
     for number in range(10):
         writer.put(sampled(f"r{number}", answer=big))
-    assert writer.queue.qsize() <= 3 and writer.queued_bytes <= 3_500_000  # the rest dropped, not held
+    assert writer.queued() <= 3 and writer.queued_bytes <= 3_500_000  # the rest dropped, not held
     sink.release.set()
-    wait_until(lambda: writer.queue.empty() and writer.queued_bytes == 0, 10, "the queue drained, its bytes released")
+    wait_until(lambda: writer.queued() == 0 and writer.queued_bytes == 0, 10, "the queue drained, its bytes released")
     assert 1 <= len(sink.written) <= 4
 
 
@@ -157,3 +157,43 @@ def test_a_removed_directory_is_made_again(tmp_path: Path, monkeypatch: Any) -> 
     sink.write(record.build(sampled("after")))
     sink.close()
     assert [r["request_id"] for r in records(tmp_path / "logs")] == ["after"]
+
+
+class Slow:
+    """A sink that takes `seconds` per record; abort() ends the record being written (as the HTTP sink's does)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.written: list[str] = []
+        self.aborted = threading.Event()
+
+    def write(self, built: record.Record) -> None:
+        if self.aborted.wait(self.seconds):
+            raise OSError("aborted")
+        self.written.append(built.sampled.request_id)
+
+    def abort(self) -> None:
+        self.aborted.set()
+
+
+def test_drain_writes_what_is_queued_when_the_sink_keeps_up() -> None:
+    sink = Slow(0.01)
+    writer = Writer(sink, 100)
+    writer.thread.start()
+    for number in range(20):
+        writer.put(sampled(f"r{number}"))
+    assert writer.drain(5.0) == 0 and len(sink.written) == 20
+
+
+def test_drain_is_bounded_and_says_how_many_were_left() -> None:
+    sink = Slow(0.2)
+    writer = Writer(sink, 100)
+    writer.thread.start()
+    for number in range(30):
+        writer.put(sampled(f"r{number}"))
+    started = time.monotonic()
+    left = writer.drain(0.5)
+    assert time.monotonic() - started < 0.5 + 0.3  # the record being written at the deadline was aborted, not awaited
+    assert sink.aborted.is_set() and left + len(sink.written) == 30 and 1 <= len(sink.written) <= 4
+    writer.put(sampled("late"))  # answered after the drain: dropped (counted as shutdown), not queued
+    assert writer.queued() == 0 and writer.queued_bytes == 0
