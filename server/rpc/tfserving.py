@@ -10,8 +10,9 @@ import numpy as np
 
 from server.errors import ApiError, InvalidArgument, NotFound
 from server.http import instrument
-from server.http.codecs.images import decode_image
 from server.http.codecs.declared import check_rows, check_shape
+from server.http.codecs.images import decode_image
+from server.http.codecs.tensors import check_names
 from server.http.common import infer_steps, model_address, predict_steps
 from server.rpc import messages, tensor_proto
 from server.rpc.calls import Calls, timeout_for
@@ -56,12 +57,7 @@ def decode_inputs(inputs: Any, signature: SignatureInfo, target: ModelVersion) -
     would otherwise decode 250,000 images. Batch sizes and finiteness are checked after, by the same
     validate_inputs REST uses.
     """
-    missing = sorted(set(signature.inputs) - set(inputs))
-    if missing:
-        raise InvalidArgument(f"missing input(s) {missing}; signature {signature.name!r} takes {sorted(signature.inputs)}")
-    unknown = sorted(set(inputs) - set(signature.inputs))
-    if unknown:
-        raise InvalidArgument(f"unknown input(s) {unknown}; signature {signature.name!r} takes {sorted(signature.inputs)}")
+    check_names(inputs, signature)
     max_rows = target.config.max_request_rows
     arrays = {}
     for name, proto in inputs.items():
@@ -184,11 +180,10 @@ class PredictionService:
             wanted = output_names(request.output_filter, signature)
             inputs = decode_inputs(request.inputs, signature, target)
             if capture.ON:
-                capture.request_body(instrument.current(), {"inputs": inputs})  # nested lists of the decoded tensors
-                capture.tensors(instrument.current(), inputs)
+                capture.grpc_inputs(instrument.current(), inputs)
             _, outputs = yield from predict_steps(target, signature.name, inputs, started, timeout_for(context, target))
             if capture.ON:
-                capture.outputs(instrument.current(), {"outputs": {name: outputs[name] for name in wanted or outputs}})
+                capture.grpc_outputs(instrument.current(), outputs, wanted)
             started = time.perf_counter()
             for name in wanted or outputs:
                 tensor_proto.from_array(outputs[name], response.outputs[name], name)

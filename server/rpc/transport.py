@@ -226,6 +226,14 @@ def answered(response: Any, call: CallContext) -> Outcome:
     return Outcome(answer, call.code, call.details, call.trailing)
 
 
+def failed(exc: BaseException, method: str, call: CallContext) -> Outcome:
+    """The outcome of a call whose servicer method raised: its abort, or (a bug past Calls.run's mapping) INTERNAL."""
+    if isinstance(exc, Aborted):
+        return Outcome(code=exc.code, details=exc.details, trailing=call.trailing)
+    log.error("gRPC %s: unexpected error outside the method", method, exc_info=exc)
+    return Outcome(code=grpc.StatusCode.INTERNAL, details="internal error", trailing=call.trailing)
+
+
 def serve_on_pool(behavior: Behavior, request_type: Any, method: str, refuse: Refuse,
                   raw: bytes, call: CallContext) -> Outcome:
     """Pool thread: parse, run the servicer's flow on this thread, serialize its answer; every failure becomes a status."""
@@ -237,11 +245,8 @@ def serve_on_pool(behavior: Behavior, request_type: Any, method: str, refuse: Re
         if isinstance(result, Generator):
             result = run_blocking(result, on_wait=lambda wait: call.add_cancel_callback(wait.abandon))
         return answered(result, call)
-    except Aborted as exc:
-        return Outcome(code=exc.code, details=exc.details, trailing=call.trailing)
-    except BaseException:  # NOTE: Calls.run maps every failure of a method already; this is a bug past it (SystemExit too)
-        log.exception("gRPC %s: unexpected error outside the method", method)
-        return Outcome(code=grpc.StatusCode.INTERNAL, details="internal error", trailing=call.trailing)
+    except BaseException as exc:  # NOTE: SystemExit too: it costs this call only
+        return failed(exc, method, call)
 
 
 async def serve_on_loop(behavior: Behavior, request_type: Any, method: str, refuse: Refuse,
@@ -255,13 +260,10 @@ async def serve_on_loop(behavior: Behavior, request_type: Any, method: str, refu
         if isinstance(result, Generator):
             result = await drive(result, call.deadline_passed)
         return answered(result, call)
-    except Aborted as exc:
-        return Outcome(code=exc.code, details=exc.details, trailing=call.trailing)
     except asyncio.CancelledError:
         raise
-    except BaseException:  # NOTE: as serve_on_pool's
-        log.exception("gRPC %s: unexpected error outside the method", method)
-        return Outcome(code=grpc.StatusCode.INTERNAL, details="internal error", trailing=call.trailing)
+    except BaseException as exc:  # NOTE: as serve_on_pool's
+        return failed(exc, method, call)
 
 
 async def drive(steps: Steps[T], deadline_passed: Callable[[], bool] = lambda: False) -> T:

@@ -110,11 +110,10 @@ class InferenceService:
                 if name in wanted[:index]:
                     raise InvalidArgument(f"output {name!r} is requested twice")
             if capture.ON:
-                capture.request_body(instrument.current(), {"inputs": inputs})  # nested lists of the decoded tensors
-                capture.tensors(instrument.current(), inputs)
+                capture.grpc_inputs(instrument.current(), inputs)
             _, outputs = yield from predict_steps(target, signature.name, inputs, started, timeout_for(context, target))
             if capture.ON:
-                capture.outputs(instrument.current(), {"outputs": {name: outputs[name] for name in wanted or outputs}})
+                capture.grpc_outputs(instrument.current(), outputs, wanted)
             started = time.perf_counter()
             response.model_name = target.name
             response.model_version = str(target.version)

@@ -128,16 +128,21 @@ def _fit_shape(array: np.ndarray, info: TensorInfo, strict: bool) -> np.ndarray:
     return array.reshape(shape) if strict and shape != array.shape else array
 
 
+def check_names(given: Any, signature: SignatureInfo) -> None:
+    """Every input the signature takes is given, and nothing else (`given`: the names, or a mapping of them)."""
+    missing = sorted(set(signature.inputs) - set(given))
+    if missing:
+        raise InvalidArgument(f"missing input(s) {missing}; signature {signature.name!r} takes {sorted(signature.inputs)}")
+    unknown = sorted(set(given) - set(signature.inputs))
+    if unknown:
+        raise InvalidArgument(f"unknown input(s) {unknown}; signature {signature.name!r} takes {sorted(signature.inputs)}")
+
+
 def validate_inputs(
     arrays: dict[str, np.ndarray], signature: SignatureInfo, config: ModelConfig
 ) -> tuple[dict[str, np.ndarray], int]:
     """Check names, shapes, batch size and finiteness; return the arrays to feed and the batch size."""
-    missing = sorted(set(signature.inputs) - set(arrays))
-    if missing:
-        raise InvalidArgument(f"missing input(s) {missing}; signature {signature.name!r} takes {sorted(signature.inputs)}")
-    unknown = sorted(set(arrays) - set(signature.inputs))
-    if unknown:
-        raise InvalidArgument(f"unknown input(s) {unknown}; signature {signature.name!r} takes {sorted(signature.inputs)}")
+    check_names(arrays, signature)
     fed: dict[str, np.ndarray] = {}
     batch_sizes = set()
     for name, info in signature.inputs.items():

@@ -157,3 +157,14 @@ def outputs(inference: Any, tensors: Any) -> None:
     if capture is None:
         return
     capture.outputs = _dumps(tensors)
+
+
+def grpc_inputs(inference: Any, inputs: dict[str, np.ndarray]) -> None:
+    """A gRPC call's decoded input tensors, as both forms: {"inputs": tensors} (no hook) and for redact_tensors."""
+    request_body(inference, {"inputs": inputs})  # nested lists of the decoded tensors
+    tensors(inference, inputs)
+
+
+def grpc_outputs(inference: Any, outputs_by_name: dict[str, np.ndarray], wanted: list[str]) -> None:
+    """A gRPC call's output tensors: the ones it asked for (all when it named none)."""
+    outputs(inference, {"outputs": {name: outputs_by_name[name] for name in wanted or outputs_by_name}})
