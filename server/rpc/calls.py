@@ -15,6 +15,7 @@ import orjson
 from server.errors import ApiError, Cancelled, DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, VersionFailed
 from server.http import instrument
 from server.http.common import log_unexpected, request_id_for
+from server.telemetry import metrics
 from server.telemetry.payloads import capture
 from server.worker.flow import Steps
 from server.worker.registry import ModelRegistry, ModelVersion
@@ -137,7 +138,8 @@ class Calls:
         return response
 
     def refuse(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, details: str) -> None:
-        """A call refused before its method ran (its message is not the method's type): an access line, no metrics."""
+        """A call refused before its method ran (its message is not the method's type): counted, and an access line."""
+        metrics.record(lambda: metrics.GRPC_REFUSED_CALLS.labels("invalid_message").inc())
         if self.access_line is not None:
             self._log(context, method, code, HTTP_STATUSES.get(code, 400), None, time.perf_counter(),
                       request_id_for(metadata_value(context, "x-request-id")), None)

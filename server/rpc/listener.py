@@ -33,6 +33,7 @@ from server.rpc.calls import Calls
 from server.rpc.health import SERVICE as HEALTH_SERVICE
 from server.rpc.health import ModelHealth
 from server.settings import Settings
+from server.telemetry import metrics
 from server.worker.registry import ModelRegistry
 
 log = logging.getLogger("forkserve.grpc")
@@ -67,6 +68,8 @@ class GrpcListener:
         self.capacity = transport.Capacity(max_receiving=MAX_RECEIVING, max_working=working,
                                            receive_timeout=settings.client_timeout)
         self.health = ModelHealth(registry, self.capacity)
+        for reason in metrics.GRPC_REFUSAL_REASONS:  # at 0 from the start, so rate() sees the first refusal
+            metrics.record(lambda reason=reason: metrics.GRPC_REFUSED_CALLS.labels(reason))
         self.slot = slot  # this worker's slot on server.connection_board (None: no balancing)
         self.port = split_address(settings.grpc_bind)[1]
         self.shards: list[Shard] = []

@@ -26,13 +26,14 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from concurrent.futures import CancelledError as FutureCancelled
 from typing import Any, AsyncIterator, Callable, Generator, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from server.telemetry import metrics
 from server.worker.flow import Steps, Wait, run_blocking
 from server.worker.reply import ReplyTimeout
 
@@ -144,10 +145,11 @@ class Capacity:
     receive_timeout: float
     receiving: int = 0
     working: int = 0
-    refused: dict[str, int] = field(default_factory=dict)
 
-    def refuse(self, why: str) -> None:
-        self.refused[why] = self.refused.get(why, 0) + 1
+    @staticmethod
+    def refuse(why: str) -> None:
+        """One more call refused for `why` (forkserve_grpc_refused_calls_total)."""
+        metrics.record(lambda: metrics.GRPC_REFUSED_CALLS.labels(why).inc())
 
 
 async def first_message(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, capacity: Capacity,
@@ -173,6 +175,7 @@ async def first_message(requests: AsyncIterator[bytes], context: grpc.aio.Servic
         if not late.expired:
             raise  # the client cancelled
         task.uncancel()
+        capacity.refuse("receive_timeout")
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"the request message did not arrive within {capacity.receive_timeout:g}s")
     except StopAsyncIteration:
@@ -324,7 +327,7 @@ def unary(behavior: Behavior, request_type: Any, method: str, capacity: Capacity
     async def handle(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
         raw = await first_message(requests, context, capacity)
         if capacity.working >= capacity.max_working:
-            capacity.refuse("working")
+            capacity.refuse("busy")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"this worker is at its limit of {capacity.max_working} gRPC calls at once; retry")
         peer = context.peer()

@@ -144,6 +144,15 @@ REJECTED_REQUESTS = Counter(
     ["model", "reason"],
 )
 
+GRPC_REFUSED_CALLS = Counter(
+    "forkserve_grpc_refused_calls",
+    "gRPC calls ended before their method ran, by reason: busy (FORKSERVE_GRPC_MAX_CALLS calls at work), receiving "
+    "(1024 calls waiting for their message), receive_timeout (no message within FORKSERVE_CLIENT_TIMEOUT), "
+    "invalid_message (not the method's protobuf message).",
+    ["reason"],
+)
+GRPC_REFUSAL_REASONS = ("busy", "receiving", "receive_timeout", "invalid_message")
+
 TRACE_SPANS_DROPPED = Counter(
     "forkserve_trace_spans_dropped",
     "Trace spans that never reached the collector: queue_full (the batch processor's queue, OTEL_BSP_MAX_QUEUE_SIZE) "

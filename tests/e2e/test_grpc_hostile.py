@@ -16,6 +16,9 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.e2e.conftest import copy_models
 from tests.e2e.harness import Server
+from tests.e2e.test_metrics import samples, settled_samples, value
+
+REFUSED = "forkserve_grpc_refused_calls_total"
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 RECEIVE_TIMEOUT = 2  # FORKSERVE_CLIENT_TIMEOUT: how long a call may take to send its message
@@ -69,6 +72,7 @@ def test_calls_that_never_send_their_message_hold_no_thread_and_end_at_the_recei
     """More stalled calls than the worker has threads: a new client's Predict and health Check answer at once."""
     release = threading.Event()
     stalled_channel = grpc.insecure_channel(server.grpc_target, options=[("grpc.primary_user_agent", "stalling")])
+    before = value(samples(server), REFUSED, reason="receive_timeout")
     try:
         started = time.monotonic()
         calls = stalled_calls(stalled_channel, 40, release)  # the worker has 32 pool threads
@@ -82,6 +86,8 @@ def test_calls_that_never_send_their_message_hold_no_thread_and_end_at_the_recei
         assert f"did not arrive within {RECEIVE_TIMEOUT}s" in errors[0].details()
         assert ended < RECEIVE_TIMEOUT + 8  # the server's deadline, not the client's 60 s
         assert stub.Predict(MLP, timeout=5).model_spec.name == "mlp"
+        settled_samples(server, lambda scrape: value(scrape, REFUSED, reason="receive_timeout") == before + 40,
+                        "the 40 calls counted as refused for their receive deadline")
     finally:
         release.set()
         stalled_channel.close()
@@ -91,6 +97,7 @@ def test_calls_beyond_the_worker_s_limit_are_refused_at_once_and_the_others_serv
         server: Server, channel: grpc.Channel) -> None:
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
     stub.Predict(SLOW, timeout=60)  # warm, and proof that one call fits
+    before = value(samples(server), REFUSED, reason="busy")
     started = time.monotonic()
     futures = [stub.Predict.future(SLOW, timeout=60) for _ in range(8)]
     health = health_pb2_grpc.HealthStub(channel)  # answered from capacity no call takes, while the slow calls work
@@ -107,11 +114,15 @@ def test_calls_beyond_the_worker_s_limit_are_refused_at_once_and_the_others_serv
         assert f"at its limit of {MAX_CALLS} gRPC calls at once" in error.details()
         refused.append(time.monotonic() - started)
     assert answered >= MAX_CALLS and len(refused) >= 8 - MAX_CALLS - 1, (answered, refused)
+    settled_samples(server, lambda scrape: value(scrape, REFUSED, reason="busy") == before + len(refused),
+                    "the refused calls counted as busy")
 
 
-def test_bytes_that_are_not_a_request_message_are_invalid_argument(channel: grpc.Channel) -> None:
+def test_bytes_that_are_not_a_request_message_are_invalid_argument(server: Server, channel: grpc.Channel) -> None:
     call = channel.unary_unary(PREDICT, request_serializer=None, response_deserializer=None)
     with pytest.raises(grpc.RpcError) as caught:
         call(b"\xff\xff\xff\xff", timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid tensorflow.serving.PredictRequest message" in caught.value.details()
+    settled_samples(server, lambda scrape: value(scrape, REFUSED, reason="invalid_message") == 1,
+                    "the junk counted as an invalid message")
