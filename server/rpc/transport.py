@@ -306,18 +306,24 @@ async def reply_of(wait: Wait) -> Any:
     loop = asyncio.get_running_loop()
     replied = loop.create_future()
     reply = wait.job.future
-    reply.on_done(lambda: loop.call_soon_threadsafe(_settle, replied))
+    reply.on_done(lambda: loop.call_soon_threadsafe(_settle, replied, None))
+    # NOTE: a timer handle, not asyncio.timeout: that costs a context manager and a task reschedule per call
+    timer = loop.call_later(wait.timeout, _settle, replied, ReplyTimeout())
     try:
-        async with asyncio.timeout(wait.timeout):
-            await replied
-    except TimeoutError:
-        raise ReplyTimeout() from None
+        await replied
+    finally:
+        timer.cancel()
     return reply.result(0)
 
 
-def _settle(replied: asyncio.Future[None]) -> None:
-    if not replied.done():
+def _settle(replied: asyncio.Future[None], error: BaseException | None) -> None:
+    """Loop thread: the reply came (error None), or its time ran out (ReplyTimeout), whichever is first."""
+    if replied.done():
+        return
+    if error is None:
         replied.set_result(None)
+    else:
+        replied.set_exception(error)
 
 
 def unary(behavior: Behavior, request_type: Any, method: str, capacity: Capacity, pool: ThreadPoolExecutor,
