@@ -129,7 +129,10 @@ class GrpcListener:
         self.health.start()
         try:
             for _ in range(SHARDS):
-                self.shards.append(await self._new_shard())
+                shard = await self._new_shard()
+                self.shards.append(shard)
+                if self.stopping_now:  # NOTE: a stop that came while the shards started must not find one listening
+                    self._pause(shard, time.monotonic())
         except BaseException:
             for shard in self.shards:  # NOTE: a worker that reports not ready must not serve gRPC on part of its shards
                 await shard.server.stop(0)
