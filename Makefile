@@ -38,9 +38,9 @@ unit: install-dev
 e2e: install-dev system-deps
 	$(BIN)/python -m pytest tests/e2e
 
-# server/rpc/protos/open_inference_pb2*.py, committed, from the .proto beside them (tests/unit/rpc/test_messages.py checks).
+# server/protocols/v2/protos/open_inference_pb2.py, committed, from the .proto beside them (tests/unit/rpc/test_messages.py checks).
 protos: install-dev
-	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. server/rpc/protos/open_inference.proto
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. server/protocols/v2/protos/open_inference.proto
 
 lint: install-dev
 	$(BIN)/ruff check --select F,E9 server tests bench scripts gunicorn.conf.py

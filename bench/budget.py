@@ -68,9 +68,10 @@ def in_process(models_dir: Path) -> dict[str, dict[str, float]]:
 
     from bench.floor_app import app as floor_app
     from server.http.app import create_app
-    from server.http.codecs import jsonio, tfserving
-    from server.http.codecs.tensors import validate_inputs
+    from server.protocols.tfserving import json_codec
     from server.settings import Settings
+    from server.tensors import jsonio
+    from server.tensors.validate import validate_inputs
 
     app = create_app(replace(Settings.current(), models_dir=models_dir, run_dir=None))
     registry = app.extensions["forkserve"]
@@ -80,21 +81,21 @@ def in_process(models_dir: Path) -> dict[str, dict[str, float]]:
     for workload in WORKLOADS:
         body = bodies[workload]
         version = registry.get(workload).resolve(None, None)
-        decoded = tfserving.decode_predict(jsonio.loads(body), version.signature, version.config)
+        decoded = json_codec.decode_predict(jsonio.loads(body), version.signature, version.config)
         signature = version.signature(decoded.signature_name)
         fed, rows = validate_inputs(decoded.inputs, signature, version.config)
         executor = version.executor
         outputs = executor.call_padded(signature.name, fed, rows)
 
         def decode(body: bytes = body, version=version) -> object:  # noqa: ANN001
-            found = tfserving.decode_predict(jsonio.loads(body), version.signature, version.config)
+            found = json_codec.decode_predict(jsonio.loads(body), version.signature, version.config)
             return validate_inputs(found.inputs, version.signature(found.signature_name), version.config)
 
         stage = {
             "decode": cpu_us(decode),
             "tf_call": cpu_us(lambda: executor.call_padded(signature.name, fed, rows)),
             "round_trip": cpu_us(lambda: executor.submit(signature.name, fed, rows, True).future.result()),
-            "encode": cpu_us(lambda: jsonio.dumps(tfserving.encode_predict(outputs, decoded.row_format))),
+            "encode": cpu_us(lambda: jsonio.dumps(json_codec.encode_predict(outputs, decoded.row_format))),
             "app": cpu_us(wsgi_call(app, f"/v1/models/{workload}:predict", body)),
         }
         stage["hand_off"] = stage["round_trip"] - stage["tf_call"]

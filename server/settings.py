@@ -273,3 +273,12 @@ class Settings:
         if self.intra_op_threads:
             return self.intra_op_threads
         return max(1, self.cpus // max(1, workers))
+
+
+def split_address(bind: str) -> tuple[str, int]:
+    """("host", port) of a gRPC bind: HOST:PORT, [IPv6]:PORT or :PORT (every address)."""
+    host, colon, port = bind.rpartition(":")
+    if not colon or not port.isdigit() or not 0 < int(port) <= 65535:
+        # NOTE: port 0 would give every worker a port of its own that no client knows
+        raise ValueError(f"FORKSERVE_GRPC_BIND must be HOST:PORT with a port from 1 to 65535, got {bind!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)

@@ -9,7 +9,7 @@
 
 Every JSON file is replaced by rename, so a reader sees the old content or the new, never half.
 A write the run directory refuses (full, read-only, not permitted) is reported once per kind
-(server.telemetry.write_errors) and costs that file only: the worker state files are best effort
+(server.write_errors) and costs that file only: the worker state files are best effort
 (a worker serves without one), the master's files raise for the caller to decide.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from server import run_dir as run_directory
-from server.telemetry import write_errors
+from server import write_errors
 
 LOADING, LOADED = "loading", "loaded"
 

@@ -22,6 +22,7 @@ from typing import Iterator
 
 from server.cli.permissions import RepositoryAccess, tree
 from server.cli.validate import ValidationFailed, model_settings, run_in_child
+from server.models.handlers import has_handler
 from server.repository import (
     HDF5_SUFFIXES,
     KERAS_SUFFIXES,
@@ -30,7 +31,6 @@ from server.repository import (
     parse_version,
     scan_model,
 )
-from server.worker.handlers import has_handler
 
 LOCK_NAME = ".publish.lock"
 STAGING_PREFIX = ".publish-"

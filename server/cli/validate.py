@@ -2,7 +2,7 @@
 
 The child loads the model (safe_mode) and the version's handler with the model's settings from
 conf/models.toml (passed as JSON by the parent), warms every batch bucket those settings give and
-runs the handler's example, as a worker's load does (server.worker.registry). Whatever the model
+runs the handler's example, as a worker's load does (server.models.registry). Whatever the model
 or the handler raises, BaseException included (a handler's `SystemExit(3)`), it ends with one JSON
 verdict line on its stdout, `{"valid": true, "format", "signatures", "handler", "warnings"}` or
 `{"valid": false, "reason"}`, and the same verdict as one line on stderr. Its stdout carries that
@@ -101,13 +101,15 @@ def _one_line(text: str) -> str:
 
 def check(source: VersionSource, config: ModelConfig) -> dict[str, Any]:
     """Load, warm and run the example as a worker does; the verdict, whatever the model or handler raises."""
-    from server.worker.handlers import HandlerError, check_example
+    from server.models.handlers import HandlerError, check_example
 
     stage = "model"
     try:
-        from server.worker import runtime  # NOTE: TensorFlow's import, inside: a broken install is a verdict too
-        from server.worker import warmup_records
-        from server.worker.registry import ModelRegistry, ModelVersion
+        from server.models import (
+            runtime,  # NOTE: TensorFlow's import, inside: a broken install is a verdict too
+            warmup_records,
+        )
+        from server.models.registry import ModelRegistry, ModelVersion
 
         servable = runtime.load_servable(source)
         stage = "handler"
@@ -125,7 +127,7 @@ def check(source: VersionSource, config: ModelConfig) -> dict[str, Any]:
     except warmup_records.WarmupRecordFailed as exc:
         return {"valid": False, "reason": _one_line(f"warm-up records: {exc}")}
     except BaseException as exc:  # NOTE: SystemExit and KeyboardInterrupt from a handler are verdicts too
-        # (server.worker.handlers turns what a handler raises into a HandlerError with its handler.py
+        # (server.models.handlers turns what a handler raises into a HandlerError with its handler.py
         # line; this is the net under it, so that no exception can leave the child without a verdict.)
         raised = f"{type(exc).__name__}{': ' if str(exc) else ''}{exc}"
         reason = {

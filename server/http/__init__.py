@@ -1,6 +1,5 @@
-"""A worker's request threads: create_app(), the API views (TF Serving, V2, health, metrics, OpenAPI) and codecs.
+"""A worker's REST transport: create_app(), the Flask views (TF Serving, V2, health, metrics, OpenAPI) and the fast path.
 
 Imported in workers only (gunicorn loads the WSGI app after fork, preload_app is off). Views take
-care of HTTP and delegate: codecs turn bodies into numpy arrays and back, the registry's executors
-run the model. Nothing here imports tensorflow or keras at import time.
+care of HTTP (paths, bodies, status codes, headers) and call the dataplane (server.dataplane).
 """

@@ -8,12 +8,16 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from server.config import ServerConfig, load_config
+from server.dataplane import envelope
+from server.dataplane.answers import api_error_answer, unexpected_error_answer
+from server.dataplane.requests import request_id_for
 from server.errors import ApiError
-from server.http import health, instrument, metrics, openapi, tfserving, v2
-from server.http.common import api_error_answer, json_response, request_id_for, unexpected_error_answer
+from server.http import health, metrics, openapi, tfserving, v2
 from server.http.fast_predict import FastPredict
+from server.http.request import json_response
+from server.models.registry import ModelRegistry
 from server.settings import Settings
-from server.worker.registry import ModelRegistry
+from server.telemetry import measure
 
 log = logging.getLogger("forkserve.app")
 
@@ -40,8 +44,8 @@ def create_app(settings: Settings | None = None, config: ServerConfig | None = N
     app.register_blueprint(openapi.blueprint)
     app.before_request(_assign_request_id)
     app.after_request(_echo_request_id)
-    app.after_request(instrument.finish)
-    app.teardown_request(instrument.release)
+    app.after_request(_finish)
+    app.teardown_request(envelope.release)
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
@@ -58,6 +62,19 @@ def _assign_request_id() -> None:
 def _echo_request_id(response: Response) -> Response:
     """Every response carries the request id."""
     response.headers["X-Request-Id"] = g.get("request_id", "")
+    return response
+
+
+def _finish(response: Response) -> Response:
+    """An inference request's answer (server.dataplane.envelope): its headers, then counted, timed and payload-logged."""
+    inference = measure.current()
+    if inference is not None:
+        if inference.version_on_errors and inference.version:
+            response.headers.setdefault("X-Model-Version", inference.version)
+        if inference.trace_id:
+            response.headers["X-Trace-Id"] = inference.trace_id
+        body = None if response.is_streamed or inference.payload is None else response.get_data()
+        envelope.finish(response.status_code, body, response.mimetype == "application/json")
     return response
 
 

@@ -1,13 +1,13 @@
 """TensorFlow Serving's predict answered before Flask: the hot path, with the same answers, headers and metrics.
 
 Runs in workers, in front of the Flask app (create_app installs it; FORKSERVE_FAST_PREDICT=0 turns
-it off). Flask's request machinery (request context, routing, hooks, Response objects) costs about
-190 us of CPU on an MLP predict whose whole Python work is about 250 us (bench.budget). This
+it off). Flask's request machinery (request context, routing, hooks, Response objects) costs most
+of an MLP predict's Python work (measured: bench.budget, docs/performance.md). This
 answers `POST /v1/models/NAME[/versions/N]:predict` itself when nothing unusual is asked: a served
 model without a handler, a JSON body with a Content-Length within the limit. Anything else
 (another route, a label, a handler, a chunked or oversized body, a version that cannot answer)
 goes to Flask untouched, before a byte of the body is read, so every error keeps one wording.
-The work is the same functions the Flask view calls (server.http.common).
+The work and the envelope are the dataplane's, as for the Flask view (server.dataplane).
 """
 
 from __future__ import annotations
@@ -18,22 +18,17 @@ from typing import Any
 
 from werkzeug.http import HTTP_STATUS_CODES
 
+from server.dataplane import envelope
+from server.dataplane.answers import api_error_answer, unexpected_error_answer
+from server.dataplane.inference import tfserving_predict
+from server.dataplane.requests import request_id_for, request_timeout
 from server.errors import ApiError
-from server.http import instrument
-from server.http.codecs import jsonio
-from server.http.common import (
-    api_error_answer,
-    encode_json,
-    is_json_type,
-    limit_client_silence,
-    request_id_for,
-    request_timeout,
-    tfserving_predict,
-    unexpected_error_answer,
-)
+from server.http.request import encode_json, is_json_type, limit_client_silence
+from server.models.registry import ModelRegistry, ModelVersion
 from server.settings import Settings
+from server.telemetry import measure
 from server.telemetry.payloads import capture
-from server.worker.registry import ModelRegistry, ModelVersion
+from server.tensors import jsonio
 
 # NOTE: used with fullmatch: re.match with a final `$` also accepts a trailing "\n" (":predict%0A"), which Flask refuses.
 PREDICT_PATH_RE = re.compile(r"/v1/models/([^/:]+)(?:/versions/([1-9][0-9]{0,17}))?:predict")
@@ -81,21 +76,19 @@ class FastPredict:
         return target if target.handler is None else None
 
     def _answer(self, target: ModelVersion, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        """Read, run and answer one predict; measured like the Flask view's (instrument)."""
+        """Read, run and answer one predict; measured like the Flask view's (server.telemetry.measure)."""
         request_id = request_id_for(environ.get("HTTP_X_REQUEST_ID", ""))
-        instrument.begin(target.name, API, request_id, carrier=environ)
-        instrument.set_version(target.version)
-        if capture.ON:
-            capture.sample(instrument.current(), target)
+        envelope.begin(target.name, API, request_id, carrier=environ)
+        envelope.serving(target)
         headers = [("Content-Type", "application/json")]
-        inference = instrument.current()
+        inference = measure.current()
         if inference is not None and inference.trace_id:
             headers.append(("X-Trace-Id", inference.trace_id))
         try:
             try:
                 data = jsonio.loads(self._body(environ))
                 if capture.ON:
-                    capture.request_body(instrument.current(), data)
+                    capture.request_body(measure.current(), data)
                 payload = tfserving_predict(target, data, request_timeout(target, environ.get("HTTP_X_REQUEST_TIMEOUT")))
                 body, status = encode_json(payload, timed=True), 200
                 headers.append(("X-Model-Version", str(target.version)))
@@ -106,11 +99,9 @@ class FastPredict:
             except Exception:
                 status, error = unexpected_error_answer(request_id)
                 body = encode_json(error, timed=False)
-            instrument.record(status)
-            if capture.ON and (sampled := instrument.current()) is not None and sampled.payload is not None:
-                sampled.payload.submit(sampled, status, body, True)
+            envelope.finish(status, body, True)
         finally:
-            instrument.release()
+            envelope.release()
         headers += [("Content-Length", str(len(body))), ("X-Request-Id", request_id)]
         start_response(REASONS.get(status, f"{status} Error"), headers)
         return [body]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from server.http.common import json_response, registry
+from server.http.request import json_response, registry
 
 blueprint = Blueprint("health", __name__)
 

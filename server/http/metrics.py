@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.http.common import json_response
+from server.http.request import json_response
 from server.telemetry.buffer import BUFFER
 from server.telemetry.files import scrape
 

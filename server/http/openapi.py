@@ -6,7 +6,7 @@ from typing import Any
 
 from flask import Blueprint, Response
 
-from server.http.common import json_response, registry
+from server.http.request import json_response, registry
 
 blueprint = Blueprint("openapi", __name__)
 

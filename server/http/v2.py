@@ -1,7 +1,7 @@
 """Open Inference Protocol V2 (KServe / Triton) under /v2: health, metadata, readiness, infer.
 
 Views take care of HTTP (paths, status codes, the binary-extension headers) and delegate the
-tensor formats to server.http.codecs.v2 and inference to the model's executor.
+tensor formats to server.protocols.v2.json_codec and the rest to the dataplane (server.dataplane).
 """
 
 from __future__ import annotations
@@ -10,27 +10,32 @@ import time
 
 from flask import Blueprint, Response, g, request
 
+from server.dataplane import envelope
+from server.dataplane.inference import predict
+from server.dataplane.models import (
+    v2_model_metadata,
+    v2_model_ready,
+    v2_server_metadata,
+)
+from server.dataplane.requests import model_address
 from server.errors import ApiError
-from server.http import instrument
-from server.http.codecs import v2
-from server.http.common import (
+from server.http.request import (
     check_content_type,
     flask_request_timeout,
     json_response,
-    model_address,
-    predict,
     registry,
     request_body,
 )
+from server.models.registry import ModelVersion
+from server.protocols.v2 import json_codec
+from server.telemetry import measure
 from server.telemetry.payloads import capture
-from server.worker.registry import AVAILABLE, ModelVersion
 
 blueprint = Blueprint("v2", __name__)
-SERVER_VERSION = "0.1.0"
 BINARY_CONTENT_TYPES = frozenset({"application/octet-stream", "application/vnd.kserve-v2-binary"})
 
 
-def _target(name: str, version: str | None) -> ModelVersion:
+def _served(name: str, version: str | None) -> ModelVersion:
     """The version a V2 path addresses (latest available when none)."""
     name, number = model_address(name, version)
     return registry().get(name).resolve(number)
@@ -39,7 +44,7 @@ def _target(name: str, version: str | None) -> ModelVersion:
 @blueprint.get("/v2")
 def server_metadata() -> Response:
     """Server name, version and protocol extensions."""
-    return json_response({"name": "forkserve", "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]})
+    return json_response(v2_server_metadata(["binary_tensor_data"]))
 
 
 @blueprint.get("/v2/health/live")
@@ -59,61 +64,48 @@ def ready() -> Response:
 @blueprint.get("/v2/models/<name>/versions/<version>")
 def model_metadata(name: str, version: str | None = None) -> Response:
     """Name, versions, platform and the serving_default signature's tensors (-1 for any size)."""
-    target = _target(name, version)
-    signature = target.signature("serving_default") if "serving_default" in target.servable.signatures else next(
-        iter(target.servable.signatures.values())
-    )
-    model = registry().get(name)
-    return json_response(
-        {
-            "name": name,
-            "versions": [str(v.version) for v in model.available()],
-            "platform": target.servable.platform,
-            "inputs": [v2.tensor_metadata(t) for t in signature.inputs.values()],
-            "outputs": [v2.tensor_metadata(t) for t in signature.outputs.values()],
-        },
-        version=target,
-    )
+    served = _served(name, version)
+    return json_response(v2_model_metadata(registry(), served), version=served)
 
 
 @blueprint.get("/v2/models/<name>/ready")
 @blueprint.get("/v2/models/<name>/versions/<version>/ready")
 def model_ready(name: str, version: str | None = None) -> Response:
-    """200 when the version can answer, 400 when it cannot."""
+    """200 when the version can answer, 400 when it cannot (a malformed version too, as the protocol's "false")."""
     try:
-        target = _target(name, version)
+        name, number = model_address(name, version)
     except ApiError as exc:
-        if exc.status == 404:
-            raise
         return json_response({"ready": False, "error": exc.message}, status=400)
-    return json_response({"ready": target.state == AVAILABLE}, version=target)
+    ready, served, why = v2_model_ready(registry(), name, number)
+    if served is None:
+        return json_response({"ready": False, "error": why}, status=400)
+    return json_response({"ready": ready}, version=served)
 
 
 @blueprint.post("/v2/models/<name>/infer")
 @blueprint.post("/v2/models/<name>/versions/<version>/infer")
 def model_infer(name: str, version: str | None = None) -> Response:
     """JSON or binary-extension tensors in, the same out."""
-    instrument.begin(name if name in registry().models else instrument.UNKNOWN_MODEL, "v2_infer", g.get("request_id", ""))
-    target = _target(name, version)
-    instrument.set_version(target.version)
-    if capture.ON:
-        capture.sample(instrument.current(), target)
+    envelope.begin(name if name in registry().models else measure.UNKNOWN_MODEL, "v2_infer", g.get("request_id", ""),
+                   carrier=request.environ)
+    served = _served(name, version)
+    envelope.serving(served)
     check_content_type(also=BINARY_CONTENT_TYPES)
     started = time.perf_counter()
-    header, binary = v2.split_body(request_body(), request.headers.get(v2.HEADER_LENGTH))
+    header, binary = json_codec.split_body(request_body(), request.headers.get(json_codec.HEADER_LENGTH))
     if capture.ON:
-        capture.request_body(instrument.current(), header)  # NOTE: binary-extension tensor bytes are not logged
-    decoded = v2.decode_infer(header, binary, target.signature, target.config.max_request_rows)
+        capture.request_body(measure.current(), header)  # NOTE: binary-extension tensor bytes are not logged
+    decoded = json_codec.decode_infer(header, binary, served.signature, served.config.max_request_rows)
     if capture.ON:
-        capture.tensors(instrument.current(), decoded.inputs)
-    signature, outputs = predict(target, decoded.signature_name, decoded.inputs, started, flask_request_timeout(target))
+        capture.tensors(measure.current(), decoded.inputs)
+    signature, outputs = predict(served, decoded.signature_name, decoded.inputs, started, flask_request_timeout(served))
     started = time.perf_counter()
-    body, header_length = v2.encode_infer(decoded, outputs, signature, name, target.version)
-    instrument.stage("encode", time.perf_counter() - started)
+    body, header_length = json_codec.encode_infer(decoded, outputs, signature, name, served.version)
+    measure.stage("encode", time.perf_counter() - started)
     if header_length is None:
         response = Response(body, mimetype="application/json")
     else:
         response = Response(body, mimetype="application/octet-stream")
-        response.headers[v2.HEADER_LENGTH] = str(header_length)
-    response.headers["X-Model-Version"] = str(target.version)
+        response.headers[json_codec.HEADER_LENGTH] = str(header_length)
+    response.headers["X-Model-Version"] = str(served.version)
     return response

@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from server.settings import split_address
+
 MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
 LOCK_NAME = "forkserve-grpc-port-{port}"  # an abstract Unix socket name: `ss -xap | grep forkserve-grpc-port` shows who holds it
 
@@ -49,15 +51,6 @@ def claim(bind: str) -> socket.socket:
         lock.close()
         raise PortTaken(problem)
     return lock
-
-
-def split_address(bind: str) -> tuple[str, int]:
-    """("host", port) of a gRPC bind: HOST:PORT, [IPv6]:PORT or :PORT (every address)."""
-    host, colon, port = bind.rpartition(":")
-    if not colon or not port.isdigit() or not 0 < int(port) <= 65535:
-        # NOTE: port 0 would give every worker a port of its own that no client knows
-        raise ValueError(f"FORKSERVE_GRPC_BIND must be HOST:PORT with a port from 1 to 65535, got {bind!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def problem_with(bind: str) -> str | None:

@@ -16,14 +16,13 @@ import socket
 from pathlib import Path
 from typing import Any, NoReturn
 
-from server import compat, connection_board, tls
+from server import compat, connection_board, tls, write_errors
 from server import run_dir as run_directory
 from server.config import ConfigError, ServerConfig, load_config
 from server.master import cpus, grpc_port
 from server.settings import Settings
 from server.state import read_exit_reason, read_worker_states, remove_worker_state, workers_dir
 from server.target import FAILED_FILE, TARGET_FILE
-from server.telemetry import write_errors
 
 log = logging.getLogger("forkserve.master")
 NEVER_AN_EXIT_STATUS = -1  # what the arbiter's boot-error constants become once a worker has booted

@@ -12,13 +12,21 @@ from typing import Any, Callable, Generator
 import grpc
 import orjson
 
-from server.errors import ApiError, Cancelled, DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, VersionFailed
-from server.http import instrument
-from server.http.common import log_unexpected, request_id_for
-from server.telemetry import metrics
-from server.telemetry.payloads import capture
-from server.worker.flow import Steps
-from server.worker.registry import ModelRegistry, ModelVersion
+from server.dataplane import envelope
+from server.dataplane.answers import log_unexpected
+from server.dataplane.requests import call_timeout, request_id_for
+from server.errors import (
+    ApiError,
+    Cancelled,
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    VersionFailed,
+)
+from server.models.flow import Steps
+from server.models.registry import ModelRegistry, ModelVersion
+from server.telemetry import measure, metrics
 
 log = logging.getLogger("forkserve.grpc")
 WORKER_PID = str(os.getpid())  # read once: this package is imported in workers only, after fork
@@ -33,7 +41,7 @@ STATUS_CODES = {
 HTTP_STATUSES = {grpc.StatusCode.OK: 200, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500,
                  grpc.StatusCode.CANCELLED: 499}
 
-Work = Callable[[], Any]  # () -> (message, version), or a flow (server.worker.flow) that returns them
+Work = Callable[[], Any]  # () -> (message, version), or a flow (server.models.flow) that returns them
 CLIENT_CLOSED = 499  # nginx's status for a request its client gave up: a cancelled call in metrics and access lines
 
 
@@ -58,9 +66,7 @@ def status_code(exc: ApiError) -> grpc.StatusCode:
 
 def timeout_for(context: grpc.ServicerContext, version: ModelVersion) -> float:
     """Seconds this call may wait: the model's deadline, shortened by the client's gRPC deadline."""
-    remaining = context.time_remaining()
-    limit = version.config.request_timeout_s
-    return limit if remaining is None else max(0.0, min(limit, remaining))
+    return call_timeout(version, context.time_remaining())
 
 
 def metadata_value(context: grpc.ServicerContext, key: str) -> str:
@@ -80,7 +86,7 @@ class Calls:
 
     def run(self, context: grpc.ServicerContext, method: str, work: Work, empty: Any,
             api: str = "", model: str = "") -> Steps[Any]:
-        """Answer one RPC with `work()`'s message, or with the status its failure maps to: a flow (server.worker.flow).
+        """Answer one RPC with `work()`'s message, or with the status its failure maps to: a flow (server.models.flow).
 
         `api` names an inference call (counted and timed as REST's are, protocol="grpc"); `model` is
         the model it addresses. `work` returns (message, version), or is a flow of its own that
@@ -89,9 +95,9 @@ class Calls:
         started = time.perf_counter()
         request_id = request_id_for(metadata_value(context, "x-request-id"))
         if api:
-            instrument.begin(model if model in self.registry.models else instrument.UNKNOWN_MODEL, api, request_id, "grpc",
-                             carrier=context, method=method)
-        inference = instrument.current() if api else None
+            envelope.begin(model if model in self.registry.models else measure.UNKNOWN_MODEL, api, request_id, "grpc",
+                           carrier=context, method=method)
+        inference = measure.current() if api else None
         trace_id = inference.trace_id if inference is not None else ""
         version: ModelVersion | None = None
         code, details, http_status = grpc.StatusCode.OK, "", 200
@@ -102,28 +108,30 @@ class Calls:
                 result = yield from result
             response, version = result
         except ApiError as exc:
-            instrument.note_error(exc)
+            measure.note_error(exc)
             code, details, http_status = status_code(exc), exc.message, exc.status
             if http_status >= 500:
                 log.warning("request %s failed with %s: %s", request_id, code.name, details)
             if code == grpc.StatusCode.INTERNAL:  # NOTE: clients log the details, rarely the trailing metadata
                 details = f"{details} (request id {request_id})"
-        except (CancelledError, GeneratorExit) as exc:  # the client left while its job waited (server.worker.flow)
+        except (CancelledError, GeneratorExit) as exc:  # the client left while its job waited (server.models.flow)
             code, details, http_status = grpc.StatusCode.CANCELLED, "the client cancelled the call", CLIENT_CLOSED
             if isinstance(exc, GeneratorExit):
                 raise
         except Exception as exc:  # NOTE: a bug must cost this call only; the client is told the request id, the log has the rest
-            instrument.note_error(exc)
+            measure.note_error(exc)
             log_unexpected(log, request_id)
             code, details, http_status = grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})", 500
         finally:
             if api:
-                instrument.note_grpc_status(code.value[0])
-                instrument.record(http_status)
-                if capture.ON and (sampled := instrument.current()) is not None and sampled.payload is not None:
-                    answer = sampled.payload.outputs if code == grpc.StatusCode.OK else orjson.dumps({"error": details})
-                    sampled.payload.submit(sampled, http_status, answer or b"null", True)
-                instrument.release()
+                measure.note_grpc_status(code.value[0])
+                sampled = measure.current()
+                answer = None
+                if sampled is not None and sampled.payload is not None:
+                    ok = code == grpc.StatusCode.OK
+                    answer = (sampled.payload.outputs if ok else orjson.dumps({"error": details})) or b"null"
+                envelope.finish(http_status, answer, True)
+                envelope.release()
         trailing = [("x-request-id", request_id), ("x-forkserve-worker", WORKER_PID)]  # which worker answered (balance, rollouts)
         if version is not None:
             trailing.append(("x-model-version", str(version.version)))

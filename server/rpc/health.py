@@ -14,8 +14,8 @@ from typing import Any, AsyncIterator
 import grpc
 from grpc_health.v1 import health_pb2
 
+from server.models.registry import ModelRegistry
 from server.rpc.transport import Capacity, first_message
-from server.worker.registry import ModelRegistry
 
 SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING

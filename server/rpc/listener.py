@@ -27,14 +27,13 @@ import uvloop
 from grpc_reflection.v1alpha import reflection
 
 from server import connection_board
-from server.master.grpc_port import split_address
+from server.models.registry import ModelRegistry
 from server.rpc import balance, sockets, tfserving, tls, transport, v2
 from server.rpc.calls import Calls
 from server.rpc.health import SERVICE as HEALTH_SERVICE
 from server.rpc.health import ModelHealth
-from server.settings import Settings
+from server.settings import Settings, split_address
 from server.telemetry import metrics
-from server.worker.registry import ModelRegistry
 
 log = logging.getLogger("forkserve.grpc")
 

@@ -10,7 +10,7 @@ thread, health checks included. Here a call holds no thread while it waits, for 
 - calls waiting for their message and calls at work are counted against caps; past them a call is
   refused at once with RESOURCE_EXHAUSTED, as REST's queues shed load;
 - the message comes as raw bytes and is parsed here (a message that is not valid protobuf is
-  INVALID_ARGUMENT, not grpcio's INTERNAL); the servicer's flow (server.worker.flow) then runs on
+  INVALID_ARGUMENT, not grpcio's INTERNAL); the servicer's flow (server.models.flow) then runs on
   the loop and awaits the model's executor: no thread hop per call. A message over
   INLINE_MAX_BYTES, whose decoding would hold the loop, runs its flow on a pool thread instead;
 - health checks never wait behind the pool (server.rpc.health): no inference load starves them.
@@ -25,17 +25,17 @@ import asyncio
 import logging
 import threading
 import time
+from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from concurrent.futures import CancelledError as FutureCancelled
 from typing import Any, AsyncIterator, Callable, Generator, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from server.models.flow import Steps, Wait, run_blocking
+from server.models.reply import ReplyTimeout
 from server.telemetry import metrics
-from server.worker.flow import Steps, Wait, run_blocking
-from server.worker.reply import ReplyTimeout
 
 log = logging.getLogger("forkserve.grpc")
 T = TypeVar("T")

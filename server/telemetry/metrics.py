@@ -14,9 +14,8 @@ from typing import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from server import compat
+from server import compat, write_errors
 from server.settings import Settings
-from server.telemetry import write_errors
 
 log = logging.getLogger("forkserve.metrics")
 
@@ -74,7 +73,7 @@ def record(update: Callable[[], object]) -> None:
     writes fail inside prometheus_client with a TypeError or ValueError. Those updates are dropped
     (the request or load they describe goes on) and counted in
     forkserve_run_dir_write_errors_total{file="metrics"} when that still can be; the OSError is
-    logged once per kind (server.telemetry.write_errors). Any other exception is a bug and propagates.
+    logged once per kind (server.write_errors). Any other exception is a bug and propagates.
     """
     error = _apply(update)
     if isinstance(error, OSError):
@@ -203,11 +202,12 @@ MODEL_VERSION_CHANGES = Counter(
 RUN_DIR_WRITE_ERRORS = Counter(
     "forkserve_run_dir_write_errors",
     "Writes in the run directory that failed (disk full, read-only, not permitted), by file "
-    "(server.telemetry.write_errors).",
+    "(server.write_errors).",
     ["file"],
 )
 for _file in write_errors.FILES:  # every series in each process's file from the start: a full disk cannot refuse them later
     RUN_DIR_WRITE_ERRORS.labels(_file)
+write_errors.count_with(count_run_dir_write_error)
 VERSION_FAILED = Gauge(
     "forkserve_version_failed", "1 while the master marks a model version failed (never served; the reason is in its status).",
     ["model", "version"], multiprocess_mode="livemax",

@@ -6,7 +6,7 @@ OTEL_SDK_DISABLED is not true; opentelemetry is imported there, never in the mas
 is False the request path checks it (or `Inference.trace is None`) and does nothing else.
 
 Stage spans are made retroactively when the request ends, from the (name, start, end) that
-server.http.instrument.stage() kept for a sampled request: the request path of an unsampled one
+server.telemetry.measure.stage() kept for a sampled request: the request path of an unsampled one
 pays for a trace id only.
 """
 
@@ -88,10 +88,18 @@ def start() -> bool:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.trace import (
+        Link,
+        SpanKind,
+        Status,
+        StatusCode,
+        set_span_in_context,
+    )
+    from opentelemetry.trace.propagation.tracecontext import (
+        TraceContextTextMapPropagator,
+    )
 
     resource = Resource.create()
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
@@ -147,7 +155,10 @@ def _sampler() -> tuple[Any, int | None]:
     named = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
     if named and named != "parentbased_traceidratio":
         return None, None  # the SDK reads the variables itself
-    from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import (
+        ParentBasedTraceIdRatio,
+        TraceIdRatioBased,
+    )
 
     try:
         ratio = min(1.0, max(0.0, float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))))
@@ -287,7 +298,7 @@ METADATA_GETTER = _MetadataGetter()
 def begin(inference: Any, carrier: Any = None, method: str = "") -> None:
     """Start the request's SERVER span, continuing the client's trace: its trace id, and `inference.trace` when sampled.
 
-    `carrier`: the WSGI environ (None: Flask's request), or the gRPC servicer context with `method`.
+    `carrier`: the request's WSGI environ (None: none known), or the gRPC servicer context with `method`.
     """
     try:
         if _root_bound is not None:  # NOTE: an unsampled request (most, at a low ratio) must cost a trace id, no SDK call
@@ -309,7 +320,7 @@ def begin(inference: Any, carrier: Any = None, method: str = "") -> None:
             if peer:
                 attributes["client.address"] = peer.split(":", 1)[-1].rsplit(":", 1)[0].strip("[]")
         else:
-            environ = carrier if carrier is not None else _flask_environ()
+            environ = carrier if carrier is not None else {}
             parent = _propagator.extract(environ, getter=ENVIRON_GETTER)
             path = environ.get("PATH_INFO", "")
             route = http_route(inference.api, path)
@@ -368,15 +379,7 @@ def _traceparent(inference: Any, carrier: Any) -> str:
     """The request's traceparent header ("" when it has none)."""
     if inference.protocol == "grpc":
         return next((value for name, value in carrier.invocation_metadata() if name == "traceparent" and isinstance(value, str)), "")
-    environ = carrier if carrier is not None else _flask_environ()
-    return environ.get("HTTP_TRACEPARENT", "")
-
-
-def _flask_environ() -> dict[str, Any]:
-    """The WSGI environ of the Flask request being answered ({} outside one)."""
-    from flask import has_request_context, request
-
-    return request.environ if has_request_context() else {}
+    return carrier.get("HTTP_TRACEPARENT", "") if carrier is not None else ""
 
 
 def note_error(trace: RequestTrace, error: BaseException) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from gunicorn.workers.gthread import ThreadWorker
 
 from server import compat, connection_board
-from server.worker import arrival
+from server.telemetry import arrival
 
 CLOSER_THREADS = 8
 LINGERING_LIMIT = 64  # lingering closes at once, queued or running; beyond it a connection is closed at once
@@ -95,7 +95,7 @@ class ForkserveWorker(ThreadWorker):
         super().enqueue_req(conn)
 
     def handle(self, conn: Any) -> Any:
-        """Request thread: gthread's, after noting how long the connection waited for this thread (server.worker.arrival)."""
+        """Request thread: gthread's, after noting how long the connection waited for this thread (server.telemetry.arrival)."""
         enqueued = getattr(conn, "forkserve_enqueued", None)
         arrival.set_thread_wait(time.perf_counter() - enqueued if enqueued is not None else 0.0)
         return super().handle(conn)

@@ -2,7 +2,7 @@
 
 gunicorn.conf.py (in the master) imports this module to name the hooks, so it must not import
 tensorflow or keras at module level either; the first TensorFlow import of a worker happens in
-post_worker_init, through the model registry (server.worker.runtime).
+post_worker_init, through the model registry (server.models.runtime).
 """
 
 from __future__ import annotations

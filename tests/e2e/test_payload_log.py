@@ -184,7 +184,7 @@ def grpc_predict(server: Server, model: str, request_id: str, row: list[float]) 
     grpc = pytest.importorskip("grpc")
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    from server.rpc import tensor_proto
+    from server.protocols.tfserving import tensor_proto
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
@@ -195,7 +195,7 @@ def grpc_predict(server: Server, model: str, request_id: str, row: list[float]) 
 
 
 def grpc_model_infer(server: Server, model: str, request_id: str, row: list[float]) -> None:
-    """V2 gRPC ModelInfer of one row (tritonclient's messages: this process never imports server.rpc.protos)."""
+    """V2 gRPC ModelInfer of one row (tritonclient's messages: this process never imports server.protocols.v2.protos)."""
     grpc = pytest.importorskip("grpc")
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -452,7 +452,7 @@ def test_a_grpc_predict_is_logged_with_its_tensors_as_lists(http_server: Server,
     grpc = pytest.importorskip("grpc")
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    from server.rpc import tensor_proto
+    from server.protocols.tfserving import tensor_proto
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "logged"

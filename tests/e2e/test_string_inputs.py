@@ -27,7 +27,7 @@ def words(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_string_input_model_is_warmed_at_every_batch_size_and_never_traces_again(words: Path) -> None:
-    from server.worker import runtime
+    from server.models import runtime
 
     servable = runtime.load_servable(scan(words)["words"][0])
     assert servable.warm_up([1, 2, 4]) == 3 and servable.unwarmed == {}
@@ -39,8 +39,8 @@ def test_a_string_input_model_is_warmed_at_every_batch_size_and_never_traces_aga
 
 
 def test_signatures_that_refuse_empty_strings_say_why_they_are_not_warmed() -> None:
+    from server.models import runtime
     from server.repository import VersionSource
-    from server.worker import runtime
 
     path = TFSERVING_TESTDATA / "saved_model_half_plus_two_tf2_cpu" / "00000123"
     servable = runtime.load_servable(VersionSource("half_plus_two_tf2", 123, path, "savedmodel"))

@@ -3,7 +3,7 @@ ssl=True; mutual TLS; a bad file at start; a bad file and a renewed certificate 
 
 Two 1-worker servers over the MLP, started together: `tls_server` (a certificate, no client certificates)
 and `mtls_server` (FORKSERVE_TLS_CLIENT_CA). The certificates are made with the openssl command line
-(tests.certificates). This module imports tritonclient, so never server.rpc.protos.
+(tests.certificates). This module imports tritonclient, so never server.protocols.v2.protos.
 """
 
 from __future__ import annotations

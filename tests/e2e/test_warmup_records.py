@@ -28,8 +28,8 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
+from server.models.warmup_records import WARMUP_FILE
 from server.target import read_failed
-from server.worker.warmup_records import WARMUP_FILE
 from tests.e2e.conftest import TFSERVING_TESTDATA
 from tests.e2e.harness import ROOT, Server, wait_until
 from tests.e2e.traffic import Traffic

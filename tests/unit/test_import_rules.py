@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ["server", "server.settings", "server.config", "server.repository", "server.signature", "server.errors",
-        "server.state", "server.target", "server.compat", "server.connection_board", "server.run_dir", "server.tls"]
+        "server.state", "server.target", "server.compat", "server.connection_board", "server.run_dir", "server.tls",
+        "server.write_errors"]
 PROBE = """
 import importlib, json, pkgutil, sys
 wanted = []
@@ -25,7 +26,7 @@ for name in sys.argv[1:]:
     wanted.append(name)
     if hasattr(module, "__path__") and name != "server":  # a package: every module below it
         for info in pkgutil.walk_packages(module.__path__, name + "."):
-            if info.name != "server.worker.runtime":
+            if info.name != "server.models.runtime":
                 importlib.import_module(info.name)
                 wanted.append(info.name)
 print(json.dumps({"imported": wanted, "modules": sorted(sys.modules)}))
@@ -58,7 +59,8 @@ def otel_modules(modules: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(
     "package",
-    ["core", "server.master", "server.cli", "server.telemetry", "server.http", "server.worker"],
+    ["core", "server.master", "server.cli", "server.telemetry", "server.tensors", "server.protocols", "server.models",
+     "server.dataplane", "server.http", "server.worker"],
 )
 def test_package_imports_without_tensorflow_or_keras(package: str) -> None:
     names = CORE if package == "core" else [package]
@@ -67,7 +69,7 @@ def test_package_imports_without_tensorflow_or_keras(package: str) -> None:
     assert heavy(modules) == [], f"{package} pulled in {heavy(modules)[:5]}"
     assert grpc_modules(modules) == [], f"{package} pulled in {grpc_modules(modules)[:5]}"
     assert otel_modules(modules) == [], f"{package} pulled in {otel_modules(modules)[:5]}"
-    assert "server.worker.runtime" not in modules
+    assert "server.models.runtime" not in modules
 
 
 def test_the_grpc_package_imports_grpc_but_not_tensorflow() -> None:
@@ -96,5 +98,5 @@ def test_the_probe_sees_opentelemetry_where_tracing_starts() -> None:
 
 
 def test_the_probe_sees_tensorflow_where_it_is_imported() -> None:
-    _, modules = imported("server.worker.runtime")
+    _, modules = imported("server.models.runtime")
     assert "tensorflow" in heavy(modules)

@@ -16,6 +16,7 @@ from server.settings import (
     DEFAULT_MAX_BODY_BYTES,
     Settings,
     available_cpus,
+    split_address,
 )
 
 
@@ -268,3 +269,9 @@ def test_half_a_tls_setting_is_refused_at_start(clean_env: pytest.MonkeyPatch, g
         clean_env.setenv(name, value)
     with pytest.raises(ValueError, match=message):
         Settings.from_env()
+
+
+def test_split_address_reads_host_port_ipv6_and_every_address() -> None:
+    assert split_address("127.0.0.1:8500") == ("127.0.0.1", 8500)
+    assert split_address("[::1]:8500") == ("::1", 8500)
+    assert split_address(":8500") == ("0.0.0.0", 8500)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from server import write_errors
 from server.state import (
     LOADED,
     ModelReport,
@@ -25,7 +26,6 @@ from server.state import (
     write_json,
     write_worker_state,
 )
-from server.telemetry import write_errors
 from tests.e2e.harness import wait_until
 
 

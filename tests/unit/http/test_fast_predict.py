@@ -10,9 +10,9 @@ import pytest
 
 from server.config import ModelConfig
 from server.http.fast_predict import FastPredict
+from server.models.registry import AVAILABLE, END, Model, ModelRegistry, ModelVersion
 from server.repository import VersionSource
 from server.settings import Settings
-from server.worker.registry import AVAILABLE, END, Model, ModelRegistry, ModelVersion
 
 
 def version(model: str, number: int, state: str = AVAILABLE, handler: object = None) -> ModelVersion:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from server.master.grpc_port import PortTaken, claim, migrate_warning, problem_with, split_address
+from server.master.grpc_port import PortTaken, claim, migrate_warning, problem_with
 from tests.e2e.harness import pid_alive, wait_until
 
 
@@ -23,12 +23,6 @@ def _listener(reuseport: bool = False) -> socket.socket:
     sock.bind(("127.0.0.1", 0))
     sock.listen()
     return sock
-
-
-def test_split_address_reads_host_port_ipv6_and_every_address() -> None:
-    assert split_address("127.0.0.1:8500") == ("127.0.0.1", 8500)
-    assert split_address("[::1]:8500") == ("::1", 8500)
-    assert split_address(":8500") == ("0.0.0.0", 8500)
 
 
 @pytest.mark.parametrize("bind", ["8500", "localhost", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:70000", "127.0.0.1:0"])

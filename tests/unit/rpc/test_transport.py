@@ -11,11 +11,13 @@ from typing import Any, Iterator
 import grpc
 import numpy as np
 import pytest
-from tritonclient.grpc import service_pb2 as open_inference_pb2  # NOTE: the test process's V2 protos (one pool)
+from tritonclient.grpc import (
+    service_pb2 as open_inference_pb2,  # NOTE: the test process's V2 protos (one pool)
+)
 
+from server.models.executor import ModelExecutor
+from server.models.flow import Wait
 from server.rpc import transport
-from server.worker.executor import ModelExecutor
-from server.worker.flow import Wait
 
 
 def wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:

@@ -53,7 +53,7 @@ def test_a_parent_decides_for_its_children() -> None:
 
 def test_an_errors_span_message_never_quotes_a_handler() -> None:
     from server.errors import InvalidArgument
-    from server.http.handled import HandlerRefused
+    from server.dataplane.handler_flow import HandlerRefused
 
     trace = tracing.RequestTrace(span=None, wall_ns=0, clock=0.0)
     tracing.note_error(trace, HandlerRefused("card 4111-1111-1111-1111 is blocked"))

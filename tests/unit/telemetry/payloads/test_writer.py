@@ -17,7 +17,7 @@ from tests.e2e.harness import wait_until
 
 
 class Answered:
-    """What an Inference carries when it is answered (instrument.Inference's fields the capture reads)."""
+    """What an Inference carries when it is answered (measure.Inference's fields the capture reads)."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id, self.trace_id, self.model, self.version = request_id, "ab" * 16, "m", "3"

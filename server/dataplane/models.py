@@ -1,0 +1,60 @@
+"""What the APIs tell about the served models, the same on every transport: TF Serving's status, V2's metadata and readiness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.errors import ApiError, NotFound
+from server.models.registry import AVAILABLE, ModelRegistry, ModelVersion
+from server.protocols.v2 import SERVER_NAME, SERVER_VERSION
+from server.protocols.v2.json_codec import tensor_metadata
+from server.signature import DEFAULT_SIGNATURE, SignatureInfo
+
+
+def tfserving_statuses(registry: ModelRegistry, name: str, version: int | None, label: str | None) -> list[dict[str, Any]]:
+    """GetModelStatus: every version's status, or the one `version` (or `label`) names; NotFound as TF Serving words it."""
+    model = registry.get(name)
+    if label is not None:
+        version = model.resolve(version, label).version
+    statuses = registry.statuses(name)
+    if version is not None:
+        statuses = [s for s in statuses if s["version"] == str(version)]
+        if not statuses:
+            raise NotFound(f"Servable not found for request: Specific({name}, {version})")
+    if not statuses:
+        raise NotFound(f"Servable not found for request: Latest({name})")
+    return statuses
+
+
+def v2_server_metadata(extensions: list[str]) -> dict[str, Any]:
+    """ServerMetadata: name, version and the protocol extensions this transport offers."""
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": extensions}
+
+
+def described_signature(served: ModelVersion) -> SignatureInfo:
+    """The signature V2's metadata describes: serving_default, else the first."""
+    signatures = served.servable.signatures
+    return signatures.get(DEFAULT_SIGNATURE) or next(iter(signatures.values()))
+
+
+def v2_model_metadata(registry: ModelRegistry, served: ModelVersion) -> dict[str, Any]:
+    """ModelMetadata: name, available versions, platform and the described signature's tensors (-1 for any size)."""
+    signature = described_signature(served)
+    return {
+        "name": served.name,
+        "versions": [str(v.version) for v in registry.get(served.name).available()],
+        "platform": served.servable.platform,
+        "inputs": [tensor_metadata(t) for t in signature.inputs.values()],
+        "outputs": [tensor_metadata(t) for t in signature.outputs.values()],
+    }
+
+
+def v2_model_ready(registry: ModelRegistry, name: str, version: int | None) -> tuple[bool, ModelVersion | None, str]:
+    """ModelReady: (ready, the version resolved or None, why not); a name or version no model can have raises (400, 404)."""
+    try:
+        served = registry.get(name).resolve(version)
+    except ApiError as exc:
+        if exc.status in (400, 404):
+            raise
+        return False, None, exc.message
+    return served.state == AVAILABLE, served, ""

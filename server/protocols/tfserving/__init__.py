@@ -1,0 +1,1 @@
+"""TensorFlow Serving's API: its REST JSON and its protobuf wire forms."""
