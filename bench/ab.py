@@ -1,14 +1,16 @@
 """Two forkserve configurations side by side: the A/B behind every "kept" or "not kept" in docs/performance.md.
 
     .venv/bin/python -m bench.ab --a FORKSERVE_PIN_CPUS=0 --b FORKSERVE_PIN_CPUS=auto [--noisy] \
-        [--variant C NAME=value ...] [--workloads mlp cnn] [--connections 1 16 64] [--seconds 6] [--rounds 3]
+        [--variant C NAME=value ...] [--workloads mlp cnn] [--connections 1 16 64] [--seconds 6] [--rounds 3] \
+        [--a-root /path/to/other/checkout]
 
 Both servers (2 workers each, the bench models) run at once; each round measures every cell on A
 then B, or B then A on odd rounds, so drift hits both. `--variant LABEL NAME=value ...` adds more
 servers, measured in a rotating order and compared with A. In a value, `{work}` is the run's
 scratch directory and `{otlp}` the URL of an OTLP/HTTP receiver this run starts (bench.otlp_sink). Besides wrk's req/s and latencies, each cell
 records the workers' CPU per request (utime + stime from /proc), the steadier figure on a shared
-machine. `--noisy` adds the cells with one core kept busy by a CPU-bound process. Prints a table of
+machine. `--a-root` runs server A from another checkout (`git worktree add /tmp/base COMMIT`: the
+code before a change against this one, in the same run). `--noisy` adds the cells with one core kept busy by a CPU-bound process. Prints a table of
 medians [min-max] and the B/A ratio; writes ab.md into --out.
 """
 
@@ -81,6 +83,7 @@ def main() -> None:
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="LABEL NAME=value",
                         help="another server to compare with A (repeatable)")
     parser.add_argument("--noisy", action="store_true", help="also measure with one core kept busy")
+    parser.add_argument("--a-root", type=Path, default=None, help="another checkout of forkserve to run server A from")
     args = parser.parse_args()
     configurations = {"A": args.a, "B": args.b, **{variant[0]: variant[1:] for variant in args.variant}}
     bodies = request_bodies()
@@ -90,7 +93,8 @@ def main() -> None:
         places = {"work": work, "otlp": sink.url}
         servers = {
             name: Server(models_dir=Path(work) / "models", run_dir=Path(work) / f"run-{name}", workers=2,
-                         env={"TF_CPP_MIN_LOG_LEVEL": "3", **parse_env(assignments, places)})
+                         env={"TF_CPP_MIN_LOG_LEVEL": "3", **parse_env(assignments, places)},
+                         **({"root": args.a_root.resolve()} if name == "A" and args.a_root else {}))
             for name, assignments in configurations.items()
         }
         try:
@@ -122,7 +126,8 @@ def main() -> None:
 def report(measured: dict, args: argparse.Namespace) -> str:
     """One row per cell and server: medians [min-max], and B against A."""
     variants = "".join(f"  {v[0]}: {' '.join(v[1:]) or '(defaults)'}" for v in args.variant)
-    lines = [f"# A: {' '.join(args.a) or '(defaults)'}  B: {' '.join(args.b) or '(defaults)'}{variants}", "",
+    a_from = f" (checkout {args.a_root})" if args.a_root else ""
+    lines = [f"# A: {' '.join(args.a) or '(defaults)'}{a_from}  B: {' '.join(args.b) or '(defaults)'}{variants}", "",
              f"2 workers each, wrk -t1, {args.rounds} interleaved rounds of {args.seconds:.0f} s, median [min-max]", "",
              "| condition | workload | conc. | server | req/s | p50 ms | p99 ms | slowest ms | worker CPU ms/req "
              "| rows per TF call | thread wait ms | worker RSS MiB | errors | /A req/s | /A CPU |",

@@ -55,8 +55,8 @@ def verified(distribution: str) -> bool:
 class FlatCall:
     """A concrete function called with flat tensors, below ConcreteFunction.__call__'s argument binding.
 
-    The binding and casting in __call__ cost more than a small model's kernels (MLP batch 1:
-    ~300 us per call through __call__, ~130 us here). Inputs must already match the signature:
+    The binding and casting in __call__ cost more than a small model's kernels (measured:
+    bench/results/code-notes.md#flat-call). Inputs must already match the signature:
     the request codecs check shapes and dtypes, __call__'s checks are skipped.
     """
 

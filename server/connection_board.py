@@ -61,7 +61,7 @@ class ConnectionBoard:
         """Connections one worker may hold: an even share plus SLACK (at least one more than the share).
 
         NOTE: no floor at the thread count: with 16 connections and 16 threads one worker could
-        hold them all while the other idled (measured: MLP 2363 against 3118 req/s).
+        hold them all while the other idled (measured: bench/results/code-notes.md#connection-bound).
         """
         live = self.counts()
         if len(live) < 2:

@@ -1,4 +1,10 @@
-"""Process-wide settings: the only module that reads os.environ (no TensorFlow here)."""
+"""Process-wide settings: the only module that reads forkserve's FORKSERVE_* variables (no TensorFlow here).
+
+The standard variables of the libraries forkserve configures are read where those libraries are:
+OTEL_* by server.telemetry.tracing (as the OpenTelemetry SDK itself does), PROMETHEUS_MULTIPROC_DIR
+by prometheus_client (Settings.export sets it); server.worker.hooks sets TensorFlow's and gRPC's
+own variables before their import.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,16 @@ DEFAULT_BIND = "127.0.0.1:8000"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_GRPC_BIND = "127.0.0.1:8500"  # TF Serving's gRPC port
 DEFAULT_THREADS = 32  # request threads per worker: bounds the requests in flight, so the batch sizes (docs/performance.md)
+
+
+def conf_path_from_env() -> Path:
+    """The per-model settings file: $FORKSERVE_CONF, else conf/models.toml (the CLI reads it too)."""
+    return Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve()
+
+
+def given_run_dir() -> str | None:
+    """$FORKSERVE_RUN_DIR when set (the CLI's reload looks for the master there)."""
+    return os.environ.get("FORKSERVE_RUN_DIR") or None
 
 
 def available_cpus() -> int:
@@ -186,7 +202,7 @@ class Settings:
     def from_env(cls) -> "Settings":
         """Build settings from FORKSERVE_* variables with documented defaults."""
         cpus = available_cpus()
-        given = os.environ.get("FORKSERVE_RUN_DIR")
+        given = given_run_dir()
         # NOTE: the default name is unpredictable, and export() makes it with O_EXCL semantics (mkdir):
         # another local user can neither plant it nor anything in it. Nothing is created here.
         run_dir = _without_last_link(given) if given else (
@@ -197,7 +213,7 @@ class Settings:
             os.environ.get("FORKSERVE_TLS_CLIENT_CA", ""))
         return cls(
             models_dir=Path(os.environ.get("FORKSERVE_MODELS", "models")).resolve(),
-            conf_path=Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve(),
+            conf_path=conf_path_from_env(),
             bind=os.environ.get("FORKSERVE_BIND", DEFAULT_BIND),
             workers=_env_int("FORKSERVE_WORKERS", cpus) or cpus,
             threads=_env_int("FORKSERVE_THREADS", DEFAULT_THREADS) or DEFAULT_THREADS,

@@ -256,7 +256,7 @@ def gunicorn_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ss
     """gunicorn's `ssl_context` hook (a worker, for every connection): the context of the accepted set.
 
     NOTE: gunicorn 27's default builds a new context from the files for every connection
-    (gunicorn.sock.ssl_wrap_socket): ~3 ms of CPU each, a changed file served at once by REST but not
+    (gunicorn.sock.ssl_wrap_socket): milliseconds of CPU each (bench/results/code-notes.md#tls-context), a changed file served at once by REST but not
     by gRPC, a half-replaced pair failing every handshake, an encrypted key prompting on a terminal.
     Without an accepted set (certfile given to gunicorn directly), gunicorn's own factory.
     """

@@ -31,6 +31,7 @@ from server.repository import (
     parse_version,
     scan_model,
 )
+from server.settings import conf_path_from_env
 
 LOCK_NAME = ".publish.lock"
 STAGING_PREFIX = ".publish-"
@@ -64,7 +65,7 @@ def source_kind(source: Path) -> str:
 
 def default_conf() -> Path:
     """The file the server reads its per-model settings from: $FORKSERVE_CONF, else conf/models.toml."""
-    return Path(os.environ.get("FORKSERVE_CONF", "conf/models.toml")).resolve()
+    return conf_path_from_env()
 
 
 def request_shape_change(model_dir: Path, source: Path, kind: str) -> str:

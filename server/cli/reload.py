@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from server import run_dir as run_directory
+from server.settings import given_run_dir
 
 
 def _is_master(pid: int) -> bool:
@@ -32,7 +33,7 @@ def _recorded_pid(run_dir: Path) -> int | None:
 
 def running_masters(run_dir: str | None) -> dict[Path, int]:
     """Running forkserve masters by run directory: the one given, $FORKSERVE_RUN_DIR, or this user's $TMPDIR/forkserve-*."""
-    given = run_dir or os.environ.get("FORKSERVE_RUN_DIR")
+    given = run_dir or given_run_dir()
     candidates = [Path(given)] if given else run_directory.candidates()
     found = {}
     for directory in candidates:

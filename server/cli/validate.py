@@ -109,12 +109,12 @@ def check(source: VersionSource, config: ModelConfig) -> dict[str, Any]:
             runtime,  # NOTE: TensorFlow's import, inside: a broken install is a verdict too
             warmup_records,
         )
-        from server.models.registry import ModelRegistry, ModelVersion
+        from server.models.registry import ModelVersion, load_version_handler
 
         servable = runtime.load_servable(source)
         stage = "handler"
         # NOTE: the registry's own rule (a handler.py needs `handler = true`), so publish gives its reason.
-        handler = None if source.file is not None else ModelRegistry._load_handler(ModelVersion(source, config))
+        handler = None if source.file is not None else load_version_handler(ModelVersion(source, config))
         stage = "warm-up"
         servable.warm_up(config.batch_buckets)
         stage = "warm-up records"

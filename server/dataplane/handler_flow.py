@@ -58,20 +58,20 @@ class HandlerFailed(Exception):
     """The handler raised or returned what answers its request 500: a bug in handler.py (the cause is chained)."""
 
 
-def predict_with_handler(version: ModelVersion, body: Any, timeout: float) -> Any:
+def predict_with_handler(served: ModelVersion, body: Any, timeout: float) -> Any:
     """The whole response body for `body`, as the version's handler shapes it (JSON, ready to send), within `timeout` seconds.
 
     NOTE: the whole flow (preprocess, the model's queue, postprocess, encoding) runs on one
     thread of the version's pool and this request thread waits once, with the deadline: two
     thread switches per request, the fewest another thread allows (the alternatives, one hand-off
-    per handler method or a smaller pool, measured: bench/results/handler-cost.md).
+    per handler method or a smaller pool, measured: bench/results/code-notes.md#handler-flow).
     """
-    handler = version.handler
+    handler = served.handler
     assert handler is not None
     measure.label_errors_with_version()  # the access log names the version of a handler's 4xx / 5xx too
     deadline = time.monotonic() + timeout
     body = json_codec.request_object(body)
-    flow = _Flow(version, body, deadline)
+    flow = _Flow(served, body, deadline)
     context = contextvars.copy_context()  # NOTE: the stage times land in this request's measurement
     try:
         return handler.pool.call("a request's handler", context.run, (flow.run,), deadline - time.monotonic() + FLOW_GRACE_S)
@@ -79,15 +79,15 @@ def predict_with_handler(version: ModelVersion, body: Any, timeout: float) -> An
         failure = raised.error  # what _Flow made of it: an ApiError or HandlerFailed (raised below: no chained context)
     except HandlerTimeout:
         if flow.step == MODEL_STEP:  # NOTE: the model's own wait counts its deadline (server.dataplane.inference.infer)
-            raise DeadlineExceeded(f"{_name(version)} did not answer within {timeout:g}s") from None
+            raise DeadlineExceeded(f"{_name(served)} did not answer within {timeout:g}s") from None
         failure = _Overran()
     except HandlerStuck as stuck:
-        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "handler_stuck").inc())
+        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(served.name, "handler_stuck").inc())
         raise Unavailable(str(stuck)) from None
     if isinstance(failure, _Overran):  # the handler's time ran out (the model's own wait was never reached)
-        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc())
+        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(served.name, "deadline").inc())
         raise DeadlineExceeded(
-            f"{_name(version)}: its handler did not return from {flow.step} within the request's deadline ({timeout:g}s)"
+            f"{_name(served)}: its handler did not return from {flow.step} within the request's deadline ({timeout:g}s)"
         ) from None
     raise failure
 
@@ -99,30 +99,30 @@ class _Overran(Exception):
 class _Flow:
     """One request's steps on a handler thread; `step` says where it is (for the 504's message)."""
 
-    def __init__(self, version: ModelVersion, body: dict[str, Any], deadline: float) -> None:
-        self.version = version
+    def __init__(self, served: ModelVersion, body: dict[str, Any], deadline: float) -> None:
+        self.served = served
         self.body = body
         self.deadline = deadline
         self.step = "preprocess"
 
     def run(self) -> Any:
         """preprocess, predict, postprocess, encode: the response body, or an ApiError / HandlerFailed."""
-        version, body, handler = self.version, self.body, self.version.handler
+        served, body, handler = self.served, self.body, self.served.handler
         assert handler is not None
         started = time.perf_counter()
         if handler.preprocess is not None:
-            inputs = _model_inputs(version, self._call("preprocess", handler.preprocess, body))
+            inputs = _model_inputs(served, self._call("preprocess", handler.preprocess, body))
             signature_name, row_format = handler.signature_name, True
             measure.stage("preprocess", time.perf_counter() - started)
             started = time.perf_counter()
         else:
-            decoded = json_codec.decode_predict(body, version.signature, version.config)
+            decoded = json_codec.decode_predict(body, served.signature, served.config)
             inputs, signature_name, row_format = decoded.inputs, decoded.signature_name, decoded.row_format
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise _Overran()
         self.step = MODEL_STEP
-        _, outputs = predict(version, signature_name, inputs, started, remaining)
+        _, outputs = predict(served, signature_name, inputs, started, remaining)
         if handler.postprocess is None:
             return json_codec.encode_predict(outputs, row_format)
         started = time.perf_counter()
@@ -130,7 +130,7 @@ class _Flow:
         measure.stage("postprocess", time.perf_counter() - started)
         self.step = "encoding postprocess's result"
         started = time.perf_counter()
-        encoded = _encoded(version, result)
+        encoded = _encoded(served, result)
         measure.stage("encode", time.perf_counter() - started)
         return encoded
 
@@ -140,56 +140,56 @@ class _Flow:
         try:
             return method(*args)
         except CLIENT_ERRORS[step] as error:
-            raise HandlerRefused(_client_message(self.version, step, error)) from None
+            raise HandlerRefused(_client_message(self.served, step, error)) from None
         except BaseException as error:  # NOTE: SystemExit, KeyboardInterrupt too: a 500 for this request only
-            raise HandlerFailed(f"{_name(self.version)}: Handler.{step} raised {describe_failure(error)}") from error
+            raise HandlerFailed(f"{_name(self.served)}: Handler.{step} raised {describe_failure(error)}") from error
 
 
-def _client_message(version: ModelVersion, step: str, error: BaseException) -> str:
+def _client_message(served: ModelVersion, step: str, error: BaseException) -> str:
     """The 400's message for what the handler raised about the request (and a log line for the unexpected kinds)."""
     if isinstance(error, ValueError):
         return str(error) or f"the model's handler refused the request ({step})"
     if CLIENT_ERROR_LOG_LIMIT.admit() is not None:  # a bug in handler.py looks the same: leave a trace of it
         log.info("%s: Handler.%s raised %s; answered 400 (the request's fault, docs/handlers.md)",
-                 _name(version), step, describe_failure(error))
+                 _name(served), step, describe_failure(error))
     if isinstance(error, KeyError) and error.args:
         return f"the request has no field {error.args[0]!r} (the model's handler needs it)"
     return f"a field of the request has the wrong type: {error}"
 
 
-def _model_inputs(version: ModelVersion, produced: Any) -> dict[str, Any]:
+def _model_inputs(served: ModelVersion, produced: Any) -> dict[str, Any]:
     """preprocess's result as named arrays; not a dict of the signature's input names: the handler's bug."""
     try:
         inputs = model_inputs(produced)
     except TypeError as exc:
-        raise HandlerFailed(f"{_name(version)}: {exc}{_unchecked(version)}") from None
+        raise HandlerFailed(f"{_name(served)}: {exc}{_unchecked(served)}") from None
     except ValueError as exc:  # ragged lists: numpy cannot make one array of the client's rows
         raise InvalidArgument(f"the model's handler made an input that is not an array: {exc}") from None
-    assert version.handler is not None
-    expected = version.signature(version.handler.signature_name).inputs
+    assert served.handler is not None
+    expected = served.signature(served.handler.signature_name).inputs
     if set(inputs) != set(expected):
         raise HandlerFailed(
-            f"{_name(version)}: Handler.preprocess returned inputs {sorted(inputs)}; signature "
-            f"{version.handler.signature_name!r} takes {sorted(expected)}{_unchecked(version)}"
+            f"{_name(served)}: Handler.preprocess returned inputs {sorted(inputs)}; signature "
+            f"{served.handler.signature_name!r} takes {sorted(expected)}{_unchecked(served)}"
         )
     return inputs
 
 
-def _encoded(version: ModelVersion, result: Any) -> orjson.Fragment:
+def _encoded(served: ModelVersion, result: Any) -> orjson.Fragment:
     """postprocess's result as JSON, ready for the response; a value JSON cannot carry is the handler's bug."""
     try:
         return orjson.Fragment(jsonio.dumps(result))
     except jsonio.NotJSON as exc:
-        raise HandlerFailed(f"{_name(version)}: Handler.postprocess's result: {exc}") from None
+        raise HandlerFailed(f"{_name(served)}: Handler.postprocess's result: {exc}") from None
 
 
-def _unchecked(version: ModelVersion) -> str:
+def _unchecked(served: ModelVersion) -> str:
     """A hint for a handler bug that its example would have caught before the version served."""
-    assert version.handler is not None
-    if version.handler.example is not None:
+    assert served.handler is not None
+    if served.handler.example is not None:
         return ""
     return " (the handler has no example, so publish and warm-up could not check this: add Handler.example)"
 
 
-def _name(version: ModelVersion) -> str:
-    return f"model {version.name} version {version.version}"
+def _name(served: ModelVersion) -> str:
+    return f"model {served.name} version {served.version}"

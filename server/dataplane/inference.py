@@ -20,42 +20,42 @@ from server.tensors.declared import check_rows
 from server.tensors.validate import validate_inputs
 
 
-def tfserving_predict(version: ModelVersion, body: Any, timeout: float) -> dict[str, Any]:
+def tfserving_predict(served: ModelVersion, body: Any, timeout: float) -> dict[str, Any]:
     """TF Serving's predict without a handler, row or columnar, through the executor: the response body."""
     started = time.perf_counter()
-    decoded = json_codec.decode_predict(body, version.signature, version.config)
-    _, outputs = predict(version, decoded.signature_name, decoded.inputs, started, timeout)
+    decoded = json_codec.decode_predict(body, served.signature, served.config)
+    _, outputs = predict(served, decoded.signature_name, decoded.inputs, started, timeout)
     return json_codec.encode_predict(outputs, decoded.row_format)
 
 
 def predict(
-    version: ModelVersion, signature_name: str, inputs: dict[str, np.ndarray], decode_started: float, timeout: float,
+    served: ModelVersion, signature_name: str, inputs: dict[str, np.ndarray], decode_started: float, timeout: float,
 ) -> tuple[SignatureInfo, dict[str, np.ndarray]]:
     """The flow every predict API shares, on this thread: check the decoded inputs against the signature, run them, wait."""
-    return run_blocking(predict_steps(version, signature_name, inputs, decode_started, timeout))
+    return run_blocking(predict_steps(served, signature_name, inputs, decode_started, timeout))
 
 
 def predict_steps(
-    version: ModelVersion, signature_name: str, inputs: dict[str, np.ndarray], decode_started: float, timeout: float,
+    served: ModelVersion, signature_name: str, inputs: dict[str, np.ndarray], decode_started: float, timeout: float,
 ) -> Steps[tuple[SignatureInfo, dict[str, np.ndarray]]]:
     """predict() as a flow (server.models.flow): its driver waits for the model."""
-    signature = version.signature(signature_name)
-    fed, rows = validate_inputs(inputs, signature, version.config)
+    signature = served.signature(signature_name)
+    fed, rows = validate_inputs(inputs, signature, served.config)
     measure.stage("decode", time.perf_counter() - decode_started)
     batchable = signature.batchable and all(a.ndim >= 1 for a in fed.values())
-    outputs = yield from infer_steps(version, signature.name, fed, rows, batchable, timeout)
+    outputs = yield from infer_steps(served, signature.name, fed, rows, batchable, timeout)
     return signature, outputs
 
 
 def infer(
-    version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool, timeout: float,
+    served: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool, timeout: float,
 ) -> dict[str, np.ndarray]:
     """Queue the inputs on the version's executor and wait for its rows on this thread, within `timeout` seconds."""
-    return run_blocking(infer_steps(version, signature, inputs, rows, batchable, timeout))
+    return run_blocking(infer_steps(served, signature, inputs, rows, batchable, timeout))
 
 
 def infer_steps(
-    version: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool, timeout: float,
+    served: ModelVersion, signature: str, inputs: dict[str, np.ndarray], rows: int, batchable: bool, timeout: float,
 ) -> Steps[dict[str, np.ndarray]]:
     """infer() as a flow (server.models.flow): queue the job, yield the wait for its rows.
 
@@ -64,9 +64,9 @@ def infer_steps(
     transport, or a flow closed) ends the request as Cancelled. Every API checked its rows before
     decoding; this is the backstop for any path.
     """
-    executor = version.executor
+    executor = served.executor
     assert executor is not None
-    check_rows(rows, version.config.max_request_rows)
+    check_rows(rows, served.config.max_request_rows)
     inference = measure.current()
     trace = inference.trace if inference is not None else None
     if trace is not None:
@@ -78,15 +78,15 @@ def infer_steps(
         outputs = yield wait
     except (CancelledError, Abandoned):  # NOTE: the transport abandoned the job while the flow waited
         wait.abandon()
-        raise Cancelled(f"the call to model {version.name} version {version.version} was cancelled") from None
+        raise Cancelled(f"the call to model {served.name} version {served.version} was cancelled") from None
     except GeneratorExit:  # the flow was closed unfinished: nobody waits for these rows
         wait.abandon()
         raise
     except ReplyTimeout:
         wait.abandon()
-        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(version.name, "deadline").inc())
+        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(served.name, "deadline").inc())
         raise DeadlineExceeded(
-            f"model {version.name} version {version.version} did not answer within {timeout}s"
+            f"model {served.name} version {served.version} did not answer within {timeout}s"
         ) from None
     finally:
         # A request that gave up (deadline) still shows where it waited: in the queue, or in the call.
@@ -98,21 +98,21 @@ def infer_steps(
 
 
 def examples_steps(
-    version: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, instead: str, decode_started: float,
+    served: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, instead: str, decode_started: float,
     timeout: float,
 ) -> Steps[tuple[SignatureInfo, dict[str, np.ndarray]]]:
     """Classify or regress serialized tf.Examples on a signature of that `method`, as a flow (`instead`: the hint's wording)."""
-    signature = version.signature(signature_name or DEFAULT_SIGNATURE)
+    signature = served.signature(signature_name or DEFAULT_SIGNATURE)
     signature.check_takes_examples(method, instead)
     if capture.ON:
         capture.tensors(measure.current(), {"inputs": serialized})
     measure.stage("decode", time.perf_counter() - decode_started)
-    outputs = yield from infer_steps(version, signature.name, {"inputs": serialized}, len(serialized), signature.batchable,
+    outputs = yield from infer_steps(served, signature.name, {"inputs": serialized}, len(serialized), signature.batchable,
                                      timeout)
     return signature, outputs
 
 
-def examples(version: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, instead: str,
+def examples(served: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, instead: str,
              decode_started: float, timeout: float) -> tuple[SignatureInfo, dict[str, Any]]:
     """examples_steps() on this thread."""
-    return run_blocking(examples_steps(version, signature_name, serialized, method, instead, decode_started, timeout))
+    return run_blocking(examples_steps(served, signature_name, serialized, method, instead, decode_started, timeout))

@@ -17,7 +17,7 @@ class RequestIds:
     """Unique request ids without a system call each: a random prefix per process and a counter.
 
     NOTE: uuid4() reads os.urandom per request, a measurable part of an MLP request's Python
-    (docs/performance.md). The prefix is drawn again in each forked worker, so workers never share one.
+    (bench/results/code-notes.md#request-ids). The prefix is drawn again in each forked worker, so workers never share one.
     """
 
     def __init__(self) -> None:
@@ -52,9 +52,9 @@ def model_address(name: str, version: str | None) -> tuple[str, int | None]:
     return name, number
 
 
-def request_timeout(version: ModelVersion, header: str | None) -> float:
+def request_timeout(served: ModelVersion, header: str | None) -> float:
     """Seconds this request may wait: the model's deadline, shortened by the X-Request-Timeout header's value."""
-    limit = version.config.request_timeout_s
+    limit = served.config.request_timeout_s
     if header is None:
         return limit
     try:
@@ -66,7 +66,7 @@ def request_timeout(version: ModelVersion, header: str | None) -> float:
     return min(limit, asked)
 
 
-def call_timeout(version: ModelVersion, remaining: float | None) -> float:
+def call_timeout(served: ModelVersion, remaining: float | None) -> float:
     """Seconds a gRPC call may wait: the model's deadline, shortened by the client's deadline (`remaining`, None: none)."""
-    limit = version.config.request_timeout_s
+    limit = served.config.request_timeout_s
     return limit if remaining is None else max(0.0, min(limit, remaining))

@@ -2,7 +2,7 @@
 
 Runs in workers, in front of the Flask app (create_app installs it; FORKSERVE_FAST_PREDICT=0 turns
 it off). Flask's request machinery (request context, routing, hooks, Response objects) costs most
-of an MLP predict's Python work (measured: bench.budget, docs/performance.md). This
+of an MLP predict's Python work (measured: bench/results/code-notes.md#fast-path). This
 answers `POST /v1/models/NAME[/versions/N]:predict` itself when nothing unusual is asked: a served
 model without a handler, a JSON body with a Content-Length within the limit. Anything else
 (another route, a label, a handler, a chunked or oversized body, a version that cannot answer)
@@ -49,14 +49,14 @@ class FastPredict:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         try:
-            target = self._target(environ)
+            served = self._served(environ)
         except Exception:  # NOTE: a surprise here must not become gunicorn's HTML 500: Flask answers instead
-            target = None
-        if target is None:
+            served = None
+        if served is None:
             return self.app(environ, start_response)
-        return self._answer(target, environ, start_response)
+        return self._answer(served, environ, start_response)
 
-    def _target(self, environ: dict[str, Any]) -> ModelVersion | None:
+    def _served(self, environ: dict[str, Any]) -> ModelVersion | None:
         """The version this request can be answered with here, or None: Flask answers it."""
         if environ.get("REQUEST_METHOD") != "POST" or "HTTP_TRANSFER_ENCODING" in environ:
             return None
@@ -70,16 +70,16 @@ class FastPredict:
         if not is_json_type(environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()):
             return None
         try:
-            target = model.resolve(int(match[2]) if match[2] else None)
+            served = model.resolve(int(match[2]) if match[2] else None)
         except ApiError:
             return None
-        return target if target.handler is None else None
+        return served if served.handler is None else None
 
-    def _answer(self, target: ModelVersion, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    def _answer(self, served: ModelVersion, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         """Read, run and answer one predict; measured like the Flask view's (server.telemetry.measure)."""
         request_id = request_id_for(environ.get("HTTP_X_REQUEST_ID", ""))
-        envelope.begin(target.name, API, request_id, carrier=environ)
-        envelope.serving(target)
+        envelope.begin(served.name, API, request_id, carrier=environ)
+        envelope.serving(served)
         headers = [("Content-Type", "application/json")]
         inference = measure.current()
         if inference is not None and inference.trace_id:
@@ -89,9 +89,9 @@ class FastPredict:
                 data = jsonio.loads(self._body(environ))
                 if capture.ON:
                     capture.request_body(measure.current(), data)
-                payload = tfserving_predict(target, data, request_timeout(target, environ.get("HTTP_X_REQUEST_TIMEOUT")))
+                payload = tfserving_predict(served, data, request_timeout(served, environ.get("HTTP_X_REQUEST_TIMEOUT")))
                 body, status = encode_json(payload, timed=True), 200
-                headers.append(("X-Model-Version", str(target.version)))
+                headers.append(("X-Model-Version", str(served.version)))
             except ApiError as exc:
                 status, error, extra = api_error_answer(exc, request_id)
                 body = encode_json(error, timed=False)

@@ -10,8 +10,8 @@ the queue, and a running call split into max_batch_size chunks stops before its 
 every job in it is abandoned.
 
 NOTE: no padding by default, as TensorFlow Serving: the functions have a free batch dimension, so a
-new size never retraces; its first call costs oneDNN 1-6 ms once. Padding to powers of two cost a
-batch of 17 a call of 32 (measured: 12-17 % more worker CPU per request, docs/performance.md).
+new size never retraces; only its first call costs oneDNN some setup. Padding to powers of two cost
+a batch of 17 a call of 32 (measured: bench/results/code-notes.md#executor-padding).
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ class ModelRegistry:
         handler = None
         try:
             servable = runtime.load_servable(entry.source)
-            handler = self._load_handler(entry)
+            handler = load_version_handler(entry)
             calls = servable.warm_up(entry.config.batch_buckets)
             records = warmup_records.replay(entry.source, entry.config, servable)
             if handler is not None:
@@ -313,30 +313,6 @@ class ModelRegistry:
                      entry.name, entry.version, signature, why)
         return True
 
-    @staticmethod
-    def _load_handler(entry: ModelVersion) -> Handler | None:
-        """The version's handler (imported, set up), None without one; HandlerError when it cannot be used.
-
-        NOTE: a handler is code; it runs only where conf/models.toml says `handler = true`. A
-        version that ships one without that fails: serving it without its handler would answer
-        its clients in another shape.
-        """
-        if not has_handler(entry.source.path):
-            return None
-        if not entry.config.handler:
-            raise HandlerError(
-                f"version {entry.version} has a handler.py, but handlers are off for model {entry.name} "
-                f"(set handler = true under [models.{entry.name}] in {Settings.current().conf_path}); "
-                "it is not served without it"
-            )
-        label = f"model {entry.name} version {entry.version}"
-        handler = load_handler(entry.source.path, handler_module_name(entry.name, entry.version), label)
-        if handler.example is None:
-            log.warning("%s: its handler has no example, so nothing checked preprocess and postprocess before it "
-                        "serves; set Handler.example to a request body (docs/handlers.md)", label)
-        metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(entry.name, "handler_stuck"))  # the series exists at 0
-        return handler
-
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready when loading is over and some model serves (or the repository holds none); strict: every model serves.
 
@@ -373,3 +349,27 @@ class ModelRegistry:
         if self.problem:
             return ConfigProblem(self.problem)
         return target.config_problem if target is not None else None
+
+
+def load_version_handler(entry: ModelVersion) -> Handler | None:
+    """The version's handler (imported, set up), None without one; HandlerError when it cannot be used.
+
+    NOTE: a handler is code; it runs only where conf/models.toml says `handler = true`. A
+    version that ships one without that fails: serving it without its handler would answer
+    its clients in another shape.
+    """
+    if not has_handler(entry.source.path):
+        return None
+    if not entry.config.handler:
+        raise HandlerError(
+            f"version {entry.version} has a handler.py, but handlers are off for model {entry.name} "
+            f"(set handler = true under [models.{entry.name}] in {Settings.current().conf_path}); "
+            "it is not served without it"
+        )
+    label = f"model {entry.name} version {entry.version}"
+    handler = load_handler(entry.source.path, handler_module_name(entry.name, entry.version), label)
+    if handler.example is None:
+        log.warning("%s: its handler has no example, so nothing checked preprocess and postprocess before it "
+                    "serves; set Handler.example to a request body (docs/handlers.md)", label)
+    metrics.record(lambda: metrics.REJECTED_REQUESTS.labels(entry.name, "handler_stuck"))  # the series exists at 0
+    return handler

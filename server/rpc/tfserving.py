@@ -81,6 +81,8 @@ class PredictionService:
         envelope.serving(served)
         started = time.perf_counter()
         serialized = proto_codec.serialized_examples(request.input, served.config.max_request_rows)
+        if capture.ON:
+            capture.grpc_inputs(measure.current(), {"inputs": serialized})
         signature, outputs = yield from examples_steps(served, request.model_spec.signature_name, serialized, method,
                                                        "call {Method}", started, timeout_for(context, served))
         if capture.ON:

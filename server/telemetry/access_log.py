@@ -2,8 +2,8 @@
 
 Runs in every process (gunicorn's `logger_class`); only workers write access lines. gunicorn's
 own access() builds a dict of every header and formats through a case-insensitive wrapper,
-then writes one line per request under the handler's lock; measured, that was ~0.2 ms of CPU
-per request under 8 request threads. Here a request appends its line to a deque and a
+then writes one line per request under the handler's lock, a measurable CPU cost per request
+(bench/results/code-notes.md#access-log). Here a request appends its line to a deque and a
 flusher thread writes what is there every FLUSH_INTERVAL_S in one write (as nginx's
 `access_log ... buffer= flush=`). The worker_exit hook flushes the rest.
 """

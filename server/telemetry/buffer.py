@@ -1,9 +1,9 @@
 """Per-request metric updates, buffered in memory and written to the multiprocess files in bulk.
 
-Runs in workers. A prometheus_client write in multiprocess mode costs 5-10 us and takes one
-process-wide lock; forkserve makes about a dozen per request, which under 8 request threads
-measured ~0.2 ms of CPU per request (a quarter of an MLP request). Appending to a deque costs
-~0.1 us and takes no lock. A flusher thread sums what was buffered once per interval and writes
+Runs in workers. A prometheus_client write in multiprocess mode takes one process-wide lock, and
+forkserve makes about a dozen per request: a large share of an MLP request's CPU under several
+request threads (bench/results/code-notes.md#metric-buffer). Appending to a deque is far cheaper
+and takes no lock. A flusher thread sums what was buffered once per interval and writes
 one update per series; /metrics flushes the answering worker first and the worker_exit hook
 flushes a worker on its way out.
 

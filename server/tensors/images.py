@@ -44,9 +44,9 @@ SAME_AS_PILLOW = {"RGB": ("YCbCr", "RGB"), "L": ("Gray", "GRAY")}
 def _jpeg_at_input_size(data: bytes, mode: str, width: int, height: int, max_pixels: int) -> np.ndarray | None:
     """A JPEG already at the input's size, decoded straight to uint8 pixels (simplejpeg); None: Pillow decodes it.
 
-    NOTE: Pillow parses a JPEG's headers in Python (about 50 us of a 140 us decode of a 100x100
-    image); simplejpeg calls the same libjpeg-turbo decoder with the same settings (accurate
-    DCT, fancy upsampling) in 80 us. Only cases that decode to the same bytes take this path
+    NOTE: Pillow parses a JPEG's headers in Python, a large part of a small image's decode;
+    simplejpeg calls the same libjpeg-turbo decoder with the same settings (accurate DCT, fancy
+    upsampling) without that (measured: bench/results/code-notes.md#jpeg-fast-path). Only cases that decode to the same bytes take this path
     (tests/unit/tensors/test_images.py compares them): no resize, no colour conversion
     other than libjpeg's own YCbCr to RGB, an image within max_image_pixels.
     """

@@ -105,7 +105,7 @@ class ForkserveWorker(ThreadWorker):
 
         NOTE: gunicorn 27 closes a `Connection: close` connection on the main thread and lingers up
         to 2 s for the client's FIN; meanwhile the worker accepted nothing and its keep-alive
-        clients' next requests waited (measured: 2002 ms). Balancing closes connections on purpose.
+        clients' next requests waited (measured: bench/results/code-notes.md#graceful-close). Balancing closes connections on purpose.
         """
         if self._closer is not None and "close" not in vars(conn):
             conn.close = functools.partial(self._close_off_the_loop, conn, conn.close)

@@ -157,8 +157,8 @@ def freeze_the_loaded_heap() -> int:
     """Move every object alive after loading out of the garbage collector's reach (gc.freeze).
 
     NOTE: the heap after loading is TensorFlow's and Keras's object graph, millions of objects
-    that never die. Each full collection walked all of them: 165-218 ms stalls every 10-30 s
-    under load, the whole of the p99 at one connection. Frozen, a full collection walks only what
+    that never die. Each full collection walked all of them: stalls of a large part of a second,
+    the whole of the p99 at one connection (bench/results/code-notes.md#gc-freeze). Frozen, a full collection walks only what
     requests allocated since.
     """
     import gc

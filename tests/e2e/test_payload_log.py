@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -213,6 +214,29 @@ def bypassing_requests(server: Server, model: str, prefix: str, row: list[float]
     grpc_predict(server, model, f"{prefix}-grpc", row)
     grpc_model_infer(server, model, f"{prefix}-grpc-v2", row)
     return [f"{prefix}-v2", f"{prefix}-grpc", f"{prefix}-grpc-v2"]
+
+
+def test_grpc_classify_and_regress_are_logged_with_their_examples_and_outputs(file_server: Server, payload_dir: Path) -> None:
+    grpc = pytest.importorskip("grpc")
+    from tensorflow.core.example import example_pb2, feature_pb2
+    from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc, regression_pb2
+
+    example = example_pb2.Example(features=feature_pb2.Features(
+        feature={"x": feature_pb2.Feature(float_list=feature_pb2.FloatList(value=[1.0]))}))
+    calls = [("Classify", classification_pb2.ClassificationRequest(), "classify_x_to_y", "tfserving_classify"),
+             ("Regress", regression_pb2.RegressionRequest(), "regress_x_to_y", "tfserving_regress")]
+    with grpc.insecure_channel(file_server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for method, request, signature, _ in calls:
+            request.model_spec.name, request.model_spec.signature_name = "half_plus_two", signature
+            request.input.example_list.examples.append(example)
+            getattr(stub, method)(request, timeout=10, metadata=[("x-request-id", f"grpc-{method}")])
+    for method, _, _, api in calls:
+        [record] = logged(payload_dir, f"grpc-{method}")
+        assert (record["api"], record["protocol"], record["status"], record["error"]) == (api, "grpc", 200, None)
+        assert record["inputs"] == {"inputs": {"inputs": [{"b64": base64.b64encode(example.SerializeToString()).decode()}]}}
+        [values] = record["outputs"]["outputs"].values()
+        assert np.ravel(values).tolist() == [2.5]  # half_plus_two of 1.0
 
 
 def test_requests_that_bypass_a_redacting_handler_are_logged_without_inputs(file_server: Server, payload_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""The inference flow every API shares: a job its transport abandons ends the request cancelled."""
+"""The inference flow every API shares: examples on their signature, and a job its transport abandons ends the request cancelled."""
 
 from __future__ import annotations
 
@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 
 from server.config import ModelConfig
-from server.dataplane.inference import infer
-from server.errors import Cancelled
+from server.dataplane.inference import examples, infer
+from server.errors import Cancelled, InvalidArgument
 from server.models.executor import Abandoned, ModelExecutor
+from server.signature import SignatureInfo, TensorInfo
+
+EXAMPLES = {"inputs": TensorInfo("inputs", "string", (None,))}
+SIGNATURES = {
+    "classify_x": SignatureInfo("classify_x", "classify", EXAMPLES, {"scores": TensorInfo("scores", "float32", (None, 1))}),
+    "serving_default": SignatureInfo("serving_default", "predict", EXAMPLES, {"y": TensorInfo("y", "float32", (None, 1))}),
+    "floats": SignatureInfo("floats", "classify", {"x": TensorInfo("x", "float32", (None, 1))}, {}),
+}
 
 
 def test_a_job_the_transport_abandons_while_its_request_waits_ends_the_request_cancelled() -> None:
@@ -48,3 +56,19 @@ def test_a_job_the_transport_abandons_while_its_request_waits_ends_the_request_c
     assert cancelled.value.status == 499
     with pytest.raises(Abandoned, match="after 1 of 3 rows"):  # it stopped after its first row
         jobs[0].future.result(timeout=0)
+
+
+def test_examples_run_on_a_signature_of_their_method_and_are_refused_elsewhere_in_the_callers_words() -> None:
+    executor = ModelExecutor("m/1", lambda signature, inputs: {"scores": np.ones((len(inputs["inputs"]), 1), np.float32)},
+                             8, 0.0, 100)
+    executor.start()
+    version = SimpleNamespace(executor=executor, config=ModelConfig(), name="m", version=1, signature=SIGNATURES.__getitem__)
+    serialized = np.array([b"example-1", b"example-2"], dtype=object)
+    signature, outputs = examples(version, "classify_x", serialized, "classify", "use :{method}", 0.0, timeout=10)
+    assert signature.name == "classify_x" and outputs["scores"].shape == (2, 1)
+    with pytest.raises(InvalidArgument, match="'serving_default' is a predict signature, not classify; use :predict or"):
+        examples(version, "", serialized, "classify", "use :{method}", 0.0, timeout=10)  # "": the default signature
+    with pytest.raises(InvalidArgument, match="not regress; call Classify or pick another"):
+        examples(version, "classify_x", serialized, "regress", "call {Method}", 0.0, timeout=10)
+    with pytest.raises(InvalidArgument, match="'floats' does not take serialized tf.Examples"):
+        examples(version, "floats", serialized, "classify", "call {Method}", 0.0, timeout=10)

@@ -46,7 +46,7 @@ def environ(path: str = "/v1/models/mlp:predict", method: str = "POST", length: 
     (environ(content_type="application/vnd.api+json"), 1),
 ])
 def test_a_plain_predict_is_answered_here(fast: FastPredict, request_environ: dict, version_taken: int) -> None:
-    target = fast._target(request_environ)
+    target = fast._served(request_environ)
     assert target is not None and target.version == version_taken
 
 
@@ -71,5 +71,5 @@ def test_a_plain_predict_is_answered_here(fast: FastPredict, request_environ: di
     environ(content_type="text/html"),
 ])
 def test_anything_else_goes_to_flask_untouched(fast: FastPredict, request_environ: dict) -> None:
-    assert fast._target(request_environ) is None
+    assert fast._served(request_environ) is None
     assert fast(request_environ, lambda status, headers: None) == [b"flask"]
