@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
 import grpc
+import numpy as np
 import orjson
 
 from server.dataplane import envelope
 from server.dataplane.answers import log_unexpected
+from server.dataplane.inference import predict_steps
 from server.dataplane.requests import call_timeout, request_id_for
 from server.errors import (
     ApiError,
@@ -27,6 +29,7 @@ from server.errors import (
 from server.models.flow import Steps
 from server.models.registry import ModelRegistry, ModelVersion
 from server.telemetry import measure, metrics
+from server.telemetry.payloads import capture
 
 log = logging.getLogger("forkserve.grpc")
 WORKER_PID = str(os.getpid())  # read once: this package is imported in workers only, after fork
@@ -67,6 +70,17 @@ def status_code(exc: ApiError) -> grpc.StatusCode:
 def timeout_for(context: grpc.ServicerContext, version: ModelVersion) -> float:
     """Seconds this call may wait: the model's deadline, shortened by the client's gRPC deadline."""
     return call_timeout(version, context.time_remaining())
+
+
+def predict_tensors(served: ModelVersion, signature_name: str, inputs: dict[str, np.ndarray], wanted: list[str],
+                    started: float, context: grpc.ServicerContext) -> Steps[dict[str, np.ndarray]]:
+    """A call's decoded tensors through the dataplane's predict flow, its payloads captured as tensors (`wanted`: outputs asked)."""
+    if capture.ON:
+        capture.grpc_inputs(measure.current(), inputs)
+    _, outputs = yield from predict_steps(served, signature_name, inputs, started, timeout_for(context, served))
+    if capture.ON:
+        capture.grpc_outputs(measure.current(), outputs, wanted)
+    return outputs
 
 
 def metadata_value(context: grpc.ServicerContext, key: str) -> str:

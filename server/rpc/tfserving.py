@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 
 from server.dataplane import envelope
-from server.dataplane.inference import examples_steps, predict_steps
+from server.dataplane.inference import examples_steps
 from server.dataplane.models import tfserving_statuses
 from server.dataplane.requests import model_address
 from server.errors import ApiError, InvalidArgument
@@ -17,7 +17,7 @@ from server.models.flow import Steps
 from server.models.registry import ModelVersion
 from server.protocols.tfserving import messages, proto_codec, tensor_proto
 from server.protocols.tfserving.proto_codec import ERROR_CODES, STATES
-from server.rpc.calls import Calls, timeout_for
+from server.rpc.calls import Calls, predict_tensors, timeout_for
 from server.signature import DEFAULT_SIGNATURE
 from server.telemetry import measure
 from server.telemetry.payloads import capture
@@ -59,11 +59,7 @@ class PredictionService:
             signature = served.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
             wanted = proto_codec.output_names(request.output_filter, signature)
             inputs = proto_codec.decode_inputs(request.inputs, signature, served.config)
-            if capture.ON:
-                capture.grpc_inputs(measure.current(), inputs)
-            _, outputs = yield from predict_steps(served, signature.name, inputs, started, timeout_for(context, served))
-            if capture.ON:
-                capture.grpc_outputs(measure.current(), outputs, wanted)
+            outputs = yield from predict_tensors(served, signature.name, inputs, wanted, started, context)
             started = time.perf_counter()
             for name in wanted or outputs:
                 tensor_proto.from_array(outputs[name], response.outputs[name], name)

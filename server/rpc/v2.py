@@ -8,22 +8,16 @@ from typing import Any
 import grpc
 
 from server.dataplane import envelope
-from server.dataplane.inference import predict_steps
-from server.dataplane.models import (
-    v2_model_metadata,
-    v2_model_ready,
-    v2_server_metadata,
-)
+from server.dataplane.models import v2_model_metadata, v2_model_ready, v2_server_metadata
 from server.dataplane.requests import model_address
 from server.errors import InvalidArgument
 from server.models.flow import Steps
 from server.models.registry import ModelVersion
 from server.protocols.v2 import messages, proto_codec
 from server.protocols.v2.json_codec import v2_datatype
-from server.rpc.calls import Calls, timeout_for
+from server.rpc.calls import Calls, predict_tensors
 from server.signature import DEFAULT_SIGNATURE
 from server.telemetry import measure
-from server.telemetry.payloads import capture
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -99,11 +93,7 @@ class InferenceService:
                     raise InvalidArgument(f"unknown output {name!r}; the model gives {sorted(signature.outputs)}")
                 if name in wanted[:index]:
                     raise InvalidArgument(f"output {name!r} is requested twice")
-            if capture.ON:
-                capture.grpc_inputs(measure.current(), inputs)
-            _, outputs = yield from predict_steps(served, signature.name, inputs, started, timeout_for(context, served))
-            if capture.ON:
-                capture.grpc_outputs(measure.current(), outputs, wanted)
+            outputs = yield from predict_tensors(served, signature.name, inputs, wanted, started, context)
             started = time.perf_counter()
             response.model_name = served.name
             response.model_version = str(served.version)
