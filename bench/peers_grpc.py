@@ -41,7 +41,7 @@ def input_arrays(v1: dict[str, bytes]) -> dict[str, np.ndarray]:
 
 
 def _v2():
-    from server.rpc.protos import open_inference_pb2
+    from server.protocols.v2.protos import open_inference_pb2
 
     return open_inference_pb2
 

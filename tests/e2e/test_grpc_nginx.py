@@ -1,7 +1,7 @@
 """gRPC through the shipped conf/nginx-grpc.conf (real nginx, HTTP/2 cleartext both ways) in front of a real forkserve.
 
 The clients are the unmodified tensorflow-serving-api and tritonclient.grpc (this module imports
-tritonclient, so it never imports server.rpc.protos).
+tritonclient, so it never imports server.protocols.v2.protos).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 tensorflow-serving-api PredictionServiceStub, 4 tritonclient.grpc InferenceServerClient. Each client
 dials its own loopback address (127.0.0.1 ... 127.0.0.8; the server listens on 0.0.0.0): grpcio
 shares one connection between a process's channels to the same address with the same arguments,
-and separate clients would not. This module imports tritonclient, so never server.rpc.protos.
+and separate clients would not. This module imports tritonclient, so never server.protocols.v2.protos.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """inference.GRPCInferenceService (Open Inference Protocol V2 over gRPC) against a real server, with tritonclient.grpc unmodified.
 
 Answers are compared with the same server's REST /v2 API. NOTE: this process imports tritonclient's
-`inference.*` messages, so it never imports server.rpc.protos (the two clash in protobuf's pool).
+`inference.*` messages, so it never imports server.protocols.v2.protos (the two clash in protobuf's pool).
 """
 
 from __future__ import annotations
