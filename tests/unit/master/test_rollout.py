@@ -15,7 +15,7 @@ import pytest
 from server import tls
 from server.config import load_config
 from server.master.fleet import Fleet
-from server.master.rollout import RolloutController, RolloutSettings
+from server.master.rollout import RolloutController, RolloutSettings, ledger, policy
 from server.settings import Settings
 from server.state import LOADED, WorkerState, read_worker_states, write_worker_state
 from server.target import Target, read_failed, read_target
@@ -153,7 +153,7 @@ def test_an_error_between_adding_and_retiring_a_worker_withdraws_the_extra_one(f
     def broken(*_: object) -> None:
         raise RuntimeError("a bug in the rollout")
 
-    monkeypatch.setattr(fx.controller, "_verdict", broken)
+    monkeypatch.setattr(policy, "verdict", broken)  # the driver asks it once the new worker loaded
     first = set(fx.loaded())
     add_version(fx.models, "a", 2)
     fx.controller.poll()
@@ -407,14 +407,12 @@ def test_a_served_version_whose_directory_turns_unloadable_keeps_serving_and_is_
 def test_a_run_directory_that_refuses_the_failed_mark_still_falls_back(fx: Fixture, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import server.master.rollout as rollout
-
     def full(*_: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     fx.arbiter.boot = failing({("a", 2)})
     add_version(fx.models, "a", 2)
-    monkeypatch.setattr(rollout, "write_failed", full)  # the disk fills between the poll's probe and the mark
+    monkeypatch.setattr(ledger, "write_failed", full)  # the disk fills between the poll's probe and the mark
     with pytest.raises(OSError):
         fx.settle()
     assert read_target(fx.run_dir).intended() == {"a": [1], "b": [4]}  # respawned workers load what runs
