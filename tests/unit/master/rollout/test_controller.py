@@ -135,10 +135,12 @@ def test_a_version_that_kills_every_worker_loading_it_is_failed_after_the_attemp
 
 def test_a_new_worker_that_never_reports_is_withdrawn_and_the_rollout_given_up_until_a_reload(fx: Fixture) -> None:
     fx.arbiter.boot = lambda pid, target: HANG
+    fx.arbiter.report_loading = False  # stuck before its first version (importing TensorFlow, say)
     first = fx.loaded()
     add_version(fx.models, "a", 2)
     fx.settle()
     assert read_failed(fx.run_dir) == {}  # hung before any version: nothing to blame
+    assert [reason for _, reason in fx.arbiter.exits] == ["killed"] * KNOBS.attempts  # withdrawn: SIGTERM cannot stop a load
     assert fx.arbiter.num_workers == WORKERS and set(fx.arbiter.WORKERS) == set(first)
     assert read_target(fx.run_dir).intended() == {"a": [1], "b": [4]}  # replacements load what runs
     fx.controller.poll()
@@ -147,6 +149,18 @@ def test_a_new_worker_that_never_reports_is_withdrawn_and_the_rollout_given_up_u
     fx.controller.request_reload("test")
     fx.controller.poll()
     assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
+
+
+def test_a_new_worker_that_hangs_loading_a_version_is_killed_each_try_and_the_version_failed(fx: Fixture) -> None:
+    """As tests/e2e/test_faults.py sees it with real workers: each withdrawn worker counts against the version it loads."""
+    fx.arbiter.boot = lambda pid, target: HANG if target.intended()["a"] == [2] else serve_intended(pid, target)
+    add_version(fx.models, "a", 2)
+    fx.settle()
+    reason = read_failed(fx.run_dir)["a"][2].reason
+    assert f"died loading it {KNOBS.attempts} times" in reason and "not ready within 1s (loading a version 2)" in reason
+    assert fx.arbiter.num_workers == WORKERS and len(fx.arbiter.WORKERS) == WORKERS
+    fx.controller.poll()
+    assert fx.serving() == [{"a": [1], "b": [4]}] * WORKERS
 
 
 def test_an_error_between_adding_and_retiring_a_worker_withdraws_the_extra_one(fx: Fixture, monkeypatch: pytest.MonkeyPatch) -> None:
