@@ -1,4 +1,8 @@
-"""Rolling model updates under traffic, through the real nginx: publish, a corrupt version, SIGHUP."""
+"""Rolling model updates under traffic, through the real nginx: publish, a corrupt version, SIGHUP.
+
+The tests share one server and run in any order: each reads what the fleet serves when it starts
+and publishes versions above the newest one.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +52,18 @@ def _serving(server: Server) -> dict[int, list[int]]:
             if pid in server.worker_pids()}
 
 
+def _newest(server: Server) -> int:
+    """The highest version directory of mlp (served, failed or not)."""
+    return max(int(p.name) for p in (server.models_dir / "mlp").iterdir() if p.name.isdigit())
+
+
+def _served(server: Server) -> int:
+    """The one version of mlp every live worker serves."""
+    served = {tuple(versions) for versions in _serving(server).values()}
+    assert len(served) == 1 and len(next(iter(served))) == 1, served
+    return next(iter(served))[0]
+
+
 def _all_serve(server: Server, versions: list[int], count: int = 2) -> bool:
     """Exactly `count` live workers, each serving exactly `versions`."""
     serving = _serving(server)
@@ -56,19 +72,25 @@ def _all_serve(server: Server, versions: list[int], count: int = 2) -> bool:
 
 def test_rollouts_under_traffic_fail_no_request(fleet: tuple[Server, Nginx], model_repo: Path) -> None:
     server, nginx = fleet
+    old, new = _served(server), _newest(server) + 1
+    corrupt = new + 1
+    scrape = samples(server)
+    succeeded = value(scrape, "forkserve_rollouts_total", result="succeeded")
+    aborted = value(scrape, "forkserve_rollouts_total", result="failed")
     traffic = Traffic(f"{nginx.url}/v1/models/mlp:predict")
     started = time.monotonic()
     threads = traffic.start(CLIENTS)
     try:
-        # (a) publish version 2 while traffic flows; the watcher rolls it out.
+        # (a) publish a version while traffic flows; the watcher rolls it out.
         publish = subprocess.run(
             [sys.executable, "-m", "server", "publish", "mlp", str(model_repo / "mlp" / "1" / "model.keras"),
              "--models", str(server.models_dir)],
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )
-        assert publish.returncode == 0 and publish.stdout.strip() == "2", publish.stderr
-        wait_until(lambda: _all_serve(server, [2]) and value(samples(server), "forkserve_rollouts_total", result="succeeded") >= 1,
-                   120, "rollout to 2")
+        assert publish.returncode == 0 and publish.stdout.strip() == str(new), publish.stderr
+        wait_until(lambda: _all_serve(server, [new])
+                   and value(samples(server), "forkserve_rollouts_total", result="succeeded") >= succeeded + 1,
+                   120, f"rollout to {new}")
         rolled_out = time.monotonic()
 
         # (b) a corrupt version appears (a truncated file, renamed in the way a careless trainer would).
@@ -76,14 +98,14 @@ def test_rollouts_under_traffic_fail_no_request(fleet: tuple[Server, Nginx], mod
         staging = server.models_dir / "mlp" / ".incoming"
         staging.mkdir()
         (staging / "model.keras").write_bytes(good[: len(good) // 3] + os.urandom(512))
-        os.rename(staging, server.models_dir / "mlp" / "3")
-        wait_until(lambda: 3 in read_failed(server.run_dir).get("mlp", {}), 120, "version 3 to be marked failed")
-        wait_until(lambda: _all_serve(server, [2]), 60, "the fleet back to 2 workers on version 2")
+        os.rename(staging, server.models_dir / "mlp" / str(corrupt))
+        wait_until(lambda: corrupt in read_failed(server.run_dir).get("mlp", {}), 120, f"version {corrupt} to be marked failed")
+        wait_until(lambda: _all_serve(server, [new]), 60, f"the fleet back to 2 workers on version {new}")
 
         # (c) SIGHUP: every worker is replaced, readiness-gated.
         before_hup = set(server.worker_pids())
         os.kill(server.process.pid, signal.SIGHUP)
-        wait_until(lambda: not before_hup & set(server.worker_pids()) and _all_serve(server, [2]), 120, "HUP rollout")
+        wait_until(lambda: not before_hup & set(server.worker_pids()) and _all_serve(server, [new]), 120, "HUP rollout")
         while time.monotonic() - started < MIN_SECONDS:
             time.sleep(0.5)  # keep the traffic going for the required minimum
     finally:
@@ -95,18 +117,18 @@ def test_rollouts_under_traffic_fail_no_request(fleet: tuple[Server, Nginx], mod
     assert len(answers) > CLIENTS * MIN_SECONDS, len(answers)
     assert traffic.failures() == []
     versions = {a[2] for a in answers}
-    assert versions == {"1", "2"}, versions  # the corrupt version 3 never answered
+    assert versions == {str(old), str(new)}, versions  # the corrupt version never answered
     late = [a for a in answers if a[0] > rolled_out + 1.0]
-    assert late and {a[2] for a in late} == {"2"}
+    assert late and {a[2] for a in late} == {str(new)}
     # The corrupt version is reported: status, metric and log.
-    status = requests.get(f"{nginx.url}/v1/models/mlp/versions/3", timeout=10).json()["model_version_status"][0]
+    status = requests.get(f"{nginx.url}/v1/models/mlp/versions/{corrupt}", timeout=10).json()["model_version_status"][0]
     assert status["state"] == "END" and "rollout aborted" in status["status"]["error_message"]
     # The HUP rollout counts itself once its last old worker is reaped, just after the pids changed.
-    wait_until(lambda: value(samples(server), "forkserve_rollouts_total", result="succeeded") >= 2, 60, "rollout count")
+    wait_until(lambda: value(samples(server), "forkserve_rollouts_total", result="succeeded") >= succeeded + 2, 60,
+               "rollout count")
     scrape = samples(server)
-    assert value(scrape, "forkserve_rollout_failed_versions_total", model="mlp", version="3") == 1
-    assert value(scrape, "forkserve_rollouts_total", result="failed") == 1
-    assert value(scrape, "forkserve_rollouts_total", result="succeeded") >= 2
+    assert value(scrape, "forkserve_rollout_failed_versions_total", model="mlp", version=str(corrupt)) == 1
+    assert value(scrape, "forkserve_rollouts_total", result="failed") == aborted + 1
     assert "aborted, old workers keep serving" in server.log()
     # nginx saw every request answered by forkserve (no 5xx from the proxy itself).
     assert " 502 " not in nginx.access_log() and " 504 " not in nginx.access_log()
@@ -114,7 +136,7 @@ def test_rollouts_under_traffic_fail_no_request(fleet: tuple[Server, Nginx], mod
 
 def test_reload_command_replaces_every_worker(fleet: tuple[Server, Nginx]) -> None:
     server, nginx = fleet
-    before = set(server.worker_pids())
+    before, version = set(server.worker_pids()), _served(server)
     result = subprocess.run(
         [sys.executable, "-m", "server", "reload", "--run-dir", str(server.run_dir)],
         cwd=ROOT, capture_output=True, text=True, timeout=30,
@@ -122,7 +144,7 @@ def test_reload_command_replaces_every_worker(fleet: tuple[Server, Nginx]) -> No
     assert result.returncode == 0, result.stderr
     wait_until(lambda: not before & set(server.worker_pids()) and len(server.worker_pids()) == 2, 120, "reload")
     answer = requests.post(f"{nginx.url}/v1/models/mlp:predict", json=BODY, timeout=30)
-    assert answer.ok and answer.headers["X-Model-Version"] == "2"
+    assert answer.ok and answer.headers["X-Model-Version"] == str(version)
     assert answer.headers["X-Request-Id"]
 
 
@@ -140,7 +162,8 @@ def test_after_rollouts_each_worker_keeps_a_cpu_of_its_own(fleet: tuple[Server, 
 def test_an_unsettled_directory_is_not_loaded_until_it_stops_changing(fleet: tuple[Server, Nginx], model_repo: Path) -> None:
     server, _ = fleet
     target_before = (server.run_dir / "target.json").read_text()
-    growing = server.models_dir / "mlp" / "4"
+    version = _newest(server) + 1
+    growing = server.models_dir / "mlp" / str(version)
     growing.mkdir()
     data = (model_repo / "mlp" / "1" / "model.keras").read_bytes()
     chunks = np.array_split(np.frombuffer(data, dtype=np.uint8), 16)
@@ -150,4 +173,4 @@ def test_an_unsettled_directory_is_not_loaded_until_it_stops_changing(fleet: tup
             handle.flush()
             assert (server.run_dir / "target.json").read_text() == target_before
             time.sleep(0.05)
-    wait_until(lambda: _all_serve(server, [4]), 120, "version 4 once settled")
+    wait_until(lambda: _all_serve(server, [version]), 120, f"version {version} once settled")

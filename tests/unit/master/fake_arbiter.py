@@ -4,6 +4,8 @@ It keeps what the controller reads and changes (WORKERS with ages, num_workers, 
 behaves as gunicorn's manage_workers does: fork up to num_workers, stop the lowest ages beyond
 it. Each worker "boots" in a thread: it reads target.json like a real worker, reports which
 version it is loading, then does what the test's `boot` says: serve, fail versions, die or hang.
+As in gunicorn, a worker asked to stop (SIGTERM) while it loads finishes the load first: one
+that hangs leaves only when killed, and its exit is "killed", not "graceful".
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class FakeWorker:
     pid: int
     age: int
     aborted: bool = False
+    booted: bool = False  # its load is over: a graceful stop ends it at once
+    stopping: bool = False  # asked to stop while loading: it leaves once the load is over
 
 
 class FakeArbiter:
@@ -74,6 +78,7 @@ class FakeArbiter:
         self.num_workers = workers
         self.controller = None  # set by the test: child_exit's call goes to it
         self.exits: list[tuple[int, str]] = []
+        self.report_loading = True  # False: workers hang (HANG) before naming a version, as in importing TensorFlow
         self._pids = itertools.count(1000)
         self._ages = itertools.count(1)
         self._lock = threading.RLock()
@@ -88,7 +93,10 @@ class FakeArbiter:
                 self._spawn()
             extra = sorted(self.WORKERS.values(), key=lambda w: w.age)[: max(0, len(self.WORKERS) - self.num_workers)]
         for worker in extra:
-            self.reap(worker.pid, "graceful")
+            if worker.booted:
+                self.reap(worker.pid, "graceful")
+            else:
+                worker.stopping = True
 
     def send_signal(self, pid: int, sig: int) -> None:
         """What the controller's os.kill would do to a fake worker."""
@@ -116,11 +124,15 @@ class FakeArbiter:
         target = read_target(self.run_dir)
         assert target is not None, "workers fork only after the master published a target"
         first = next(((name, t.candidates[0]) for name, t in sorted(target.models.items()) if t.candidates), None)
-        write_worker_state(self.run_dir, WorkerState(pid, target.generation, loading=first))
+        write_worker_state(self.run_dir, WorkerState(pid, target.generation, loading=first if self.report_loading else None))
         outcome = self.boot(pid, target)
         if outcome == DIE:
             self.reap(pid, "killed")
         elif outcome != HANG:
             with self._lock:
-                if pid in self.WORKERS:
+                worker = self.WORKERS.get(pid)
+                if worker is not None:
                     write_worker_state(self.run_dir, outcome)
+                    worker.booted = True
+            if worker is not None and worker.stopping:
+                self.reap(pid, "graceful")

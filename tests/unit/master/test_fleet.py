@@ -39,13 +39,20 @@ def test_withdraw_restores_the_count_even_after_gunicorn_respawned_the_dead_extr
     deaths = iter([DIE])
     fake.boot = lambda pid, target: next(deaths, None) or serve_intended(pid, target)
     before = fleet.add_worker()
+
+    def respawned() -> set[int]:
+        """The replacement of the dead extra. NOTE: gunicorn (and the fake) record an exit before they
+        respawn, so the exit alone says nothing of the replacement: wait for both."""
+        died = [exit for exit in fake.exits if exit[1] == "killed"]
+        return set(fleet.pids()) - old if died else set()
+
     deadline = time.monotonic() + 5
-    while not [exit for exit in fake.exits if exit[1] == "killed"]:  # the extra died; the fake respawned it
-        assert time.monotonic() < deadline
+    while not respawned():
+        assert time.monotonic() < deadline, "the extra did not die and come back"
         time.sleep(0.01)
-    respawned = set(fleet.pids()) - old
-    assert len(respawned) == 1
-    assert fleet.withdraw(before, kill=True) == sorted(respawned)
+    replacement = respawned()
+    assert len(replacement) == 1
+    assert fleet.withdraw(before, kill=True) == sorted(replacement)
     assert fake.num_workers == 2 and set(fleet.pids()) == old
 
 

@@ -15,7 +15,7 @@ import pytest
 from server import tls
 from server.config import load_config
 from server.master.fleet import Fleet
-from server.master.rollout import RolloutController, RolloutSettings
+from server.master.rollout import RolloutController, RolloutSettings, ledger, policy
 from server.settings import Settings
 from server.state import LOADED, WorkerState, read_worker_states, write_worker_state
 from server.target import Target, read_failed, read_target
@@ -135,10 +135,12 @@ def test_a_version_that_kills_every_worker_loading_it_is_failed_after_the_attemp
 
 def test_a_new_worker_that_never_reports_is_withdrawn_and_the_rollout_given_up_until_a_reload(fx: Fixture) -> None:
     fx.arbiter.boot = lambda pid, target: HANG
+    fx.arbiter.report_loading = False  # stuck before its first version (importing TensorFlow, say)
     first = fx.loaded()
     add_version(fx.models, "a", 2)
     fx.settle()
     assert read_failed(fx.run_dir) == {}  # hung before any version: nothing to blame
+    assert [reason for _, reason in fx.arbiter.exits] == ["killed"] * KNOBS.attempts  # withdrawn: SIGTERM cannot stop a load
     assert fx.arbiter.num_workers == WORKERS and set(fx.arbiter.WORKERS) == set(first)
     assert read_target(fx.run_dir).intended() == {"a": [1], "b": [4]}  # replacements load what runs
     fx.controller.poll()
@@ -149,11 +151,23 @@ def test_a_new_worker_that_never_reports_is_withdrawn_and_the_rollout_given_up_u
     assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
 
 
+def test_a_new_worker_that_hangs_loading_a_version_is_killed_each_try_and_the_version_failed(fx: Fixture) -> None:
+    """As tests/e2e/test_faults.py sees it with real workers: each withdrawn worker counts against the version it loads."""
+    fx.arbiter.boot = lambda pid, target: HANG if target.intended()["a"] == [2] else serve_intended(pid, target)
+    add_version(fx.models, "a", 2)
+    fx.settle()
+    reason = read_failed(fx.run_dir)["a"][2].reason
+    assert f"died loading it {KNOBS.attempts} times" in reason and "not ready within 1s (loading a version 2)" in reason
+    assert fx.arbiter.num_workers == WORKERS and len(fx.arbiter.WORKERS) == WORKERS
+    fx.controller.poll()
+    assert fx.serving() == [{"a": [1], "b": [4]}] * WORKERS
+
+
 def test_an_error_between_adding_and_retiring_a_worker_withdraws_the_extra_one(fx: Fixture, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*_: object) -> None:
         raise RuntimeError("a bug in the rollout")
 
-    monkeypatch.setattr(fx.controller, "_verdict", broken)
+    monkeypatch.setattr(policy, "verdict", broken)  # the driver asks it once the new worker loaded
     first = set(fx.loaded())
     add_version(fx.models, "a", 2)
     fx.controller.poll()
@@ -407,14 +421,12 @@ def test_a_served_version_whose_directory_turns_unloadable_keeps_serving_and_is_
 def test_a_run_directory_that_refuses_the_failed_mark_still_falls_back(fx: Fixture, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import server.master.rollout as rollout
-
     def full(*_: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     fx.arbiter.boot = failing({("a", 2)})
     add_version(fx.models, "a", 2)
-    monkeypatch.setattr(rollout, "write_failed", full)  # the disk fills between the poll's probe and the mark
+    monkeypatch.setattr(ledger, "write_failed", full)  # the disk fills between the poll's probe and the mark
     with pytest.raises(OSError):
         fx.settle()
     assert read_target(fx.run_dir).intended() == {"a": [1], "b": [4]}  # respawned workers load what runs

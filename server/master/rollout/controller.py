@@ -1,0 +1,134 @@
+"""The master's repository watcher and readiness-gated rolling restart: its thread and the main thread's API (no TensorFlow).
+
+Runs in one thread of the gunicorn master, started by when_ready. Every poll it counts the
+deaths of workers that were loading a version (.ledger), works out the desired target
+(.desired) and, when that differs from what the workers run (versions and configuration: the
+target's generation), or a reload was asked for (`python -m server reload`, SIGHUP), or the TLS
+files changed (server.master.tls_watch), rolls the workers over to it (.driver) as the rules of
+.policy say. Signals to the master are handled by gunicorn's loop in the main thread; this
+thread changes the worker count and waits (server.master.fleet).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from server.config import ServerConfig
+from server.master.fleet import Fleet
+from server.master.rollout.desired import DesiredState
+from server.master.rollout.driver import RollingRestart, RolloutSettings
+from server.master.rollout.exits import ExitLog
+from server.master.rollout.ledger import FailureLedger
+from server.master.rollout.policy import Step, WorkerExit, Workers
+from server.master.rollout.record import record_metric
+from server.master.strikes import VersionKey
+from server.master.tls_watch import TlsWatch
+from server.settings import Settings
+from server.state import read_worker_states, run_dir_writable
+from server.target import Target
+
+log = logging.getLogger("forkserve.rollout")
+
+
+class RolloutController:
+    """Watcher and rolling restart, in one thread of the master."""
+
+    def __init__(
+        self, fleet: Fleet, models_dir: Path, conf_path: Path, run_dir: Path, knobs: RolloutSettings,
+        config: ServerConfig, tls_settings: Settings | None = None,
+    ) -> None:
+        self.fleet = fleet  # server.master.hooks pre_fork marks newborn workers through it
+        self.run_dir = run_dir
+        self.knobs = knobs
+        self.tls = TlsWatch(tls_settings, lambda ok: record_metric(
+            lambda m: m.TLS_LAST_RELOAD_SUCCESSFUL.set(1 if ok else 0))) if tls_settings is not None and tls_settings.tls else None
+        self.ledger = FailureLedger(run_dir, models_dir, conf_path.name, knobs.attempts)
+        self.desired = DesiredState(models_dir, conf_path, config, run_dir, self.ledger, knobs.poll_interval)
+        self.exits = ExitLog()  # shared with the main thread (worker_exited)
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self.driver = RollingRestart(fleet, run_dir, knobs, self.desired, self.ledger, self.exits, self._stopping)
+        self._lock = threading.Lock()  # guards the reload counts, shared with the main thread
+        self._reloads_requested = 0
+        self._reloads_handled = 0
+        self._given_up = ""  # generation a rollout gave up on: not retried until something changes
+        self.current = Target()  # what the workers run: nothing yet
+        self.current = self.desired.compute("start", self._serving(self.driver.observe()), trust_all=True)
+        self._thread = threading.Thread(target=self._loop, name="forkserve-rollout", daemon=True)
+
+    # --- called from gunicorn hooks (master main thread) ---
+
+    def publish_initial_target(self) -> None:
+        """Before the first workers fork: they load exactly this."""
+        self.desired.publish(self.current)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def request_reload(self, why: str) -> None:
+        """Replace every worker even if the target did not change (HUP, `python -m server reload`)."""
+        log.info("forkserve: rolling restart requested (%s)", why)
+        with self._lock:
+            self._reloads_requested += 1  # NOTE: a count, not a flag: a request during a pass is never lost
+        self._wake.set()
+
+    def worker_exited(self, pid: int, reason: str) -> None:
+        """child_exit, before the worker's state file goes: remember where it was."""
+        state = read_worker_states(self.run_dir).get(pid)
+        loading = state.loading if state is not None and not state.loaded else None
+        self.exits.record(pid, WorkerExit(reason, loading))
+        if loading is not None and reason != "graceful":
+            self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    # --- the thread ---
+
+    def _loop(self) -> None:
+        """Poll, and roll when the target changed or a reload was asked for."""
+        while not self._stopping.is_set():
+            self._wake.wait(self.knobs.poll_interval)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.poll()
+            except Exception:  # NOTE: the watcher must outlive any bug in one pass
+                log.exception("forkserve: rollout pass failed; old workers keep serving")
+
+    def poll(self) -> None:
+        """One pass: count deaths, re-read the configuration and the repository, roll if needed."""
+        if not run_dir_writable(self.run_dir):  # reported once; reloads asked for meanwhile wait for it
+            return
+        with self._lock:
+            forced = self._reloads_requested != self._reloads_handled
+            self._reloads_handled = self._reloads_requested
+        # NOTE: a new certificate replaces every worker, as a reload does: workers serve the set they were forked with.
+        renewed = self.tls is not None and self.tls.refresh(at_once=forced) is not None
+        workers = self.driver.observe()
+        self.driver.count_deaths({}, workers)
+        desired = self.desired.compute("reload" if forced else "TLS certificate changed" if renewed
+                                       else "repository or configuration changed", self._serving(workers))
+        forced = forced or renewed
+        if not forced and desired.generation == self.current.generation \
+                and not workers.stragglers(self.current.generation, self._given_up):
+            if self.desired.reports_changed():
+                self.desired.publish(self.current)  # workers show the problems in /readyz and model status
+            return
+        if not forced and desired.generation == self._given_up:
+            return
+        if not forced and self.desired.settling(desired):
+            return
+        step = self.driver.roll(desired, self.current, everyone=forced)
+        if step is Step.DONE:
+            self.current, self._given_up = desired, ""
+        elif step is Step.GIVE_UP:
+            self._given_up = desired.generation
+
+    def _serving(self, workers: Workers) -> set[VersionKey]:
+        """Versions live workers serve, and those the current target has them serve."""
+        return workers.served() | {(m, v) for m, versions in self.current.intended().items() for v in versions}
