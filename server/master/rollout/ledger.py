@@ -3,7 +3,7 @@
 failed.json is read once, when the master starts (it outlives a master that was killed), and
 from then on changed only through FailureLedger, which writes it whole and keeps in memory
 exactly what it wrote: a write that fails (a full disk) changes nothing, on disk or here.
-Workers read the file (server.worker.registry) to answer END with the reason.
+Workers read the file (server.models.registry) to answer END with the reason.
 """
 
 from __future__ import annotations
