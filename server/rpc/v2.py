@@ -10,13 +10,10 @@ import grpc
 from server.dataplane import envelope
 from server.dataplane.models import v2_model_metadata, v2_model_ready, v2_server_metadata
 from server.dataplane.requests import model_address
-from server.errors import InvalidArgument
 from server.models.flow import Steps
 from server.models.registry import ModelVersion
 from server.protocols.v2 import messages, proto_codec
-from server.protocols.v2.json_codec import v2_datatype
 from server.rpc.calls import Calls, predict_tensors
-from server.signature import DEFAULT_SIGNATURE
 from server.telemetry import measure
 
 SERVICE = "inference.GRPCInferenceService"
@@ -69,52 +66,12 @@ class InferenceService:
             served = self._served(request.model_name, request.model_version)
             envelope.serving(served)
             started = time.perf_counter()
-            parameters = request.parameters
-            signature_name = (parameters["signature_name"].string_param if "signature_name" in parameters
-                              else DEFAULT_SIGNATURE)
-            signature = served.signature(signature_name)
-            raw = list(request.raw_input_contents)
-            if raw and len(raw) != len(request.inputs):
-                raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input")
-            inputs = {}
-            for index, tensor in enumerate(request.inputs):
-                info = signature.inputs.get(tensor.name)
-                if info is None:
-                    raise InvalidArgument(f"unknown input {tensor.name!r}; the model takes {sorted(signature.inputs)}")
-                if tensor.name in inputs:
-                    raise InvalidArgument(f"input {tensor.name!r} is given twice")
-                inputs[tensor.name] = proto_codec.to_array(tensor, raw[index] if raw else None, info,
-                                                          served.config.max_request_rows)
-            if not inputs:
-                raise InvalidArgument("'inputs' is empty: send at least one input tensor")
-            wanted = [output.name for output in request.outputs]
-            for index, name in enumerate(wanted):
-                if name not in signature.outputs:
-                    raise InvalidArgument(f"unknown output {name!r}; the model gives {sorted(signature.outputs)}")
-                if name in wanted[:index]:
-                    raise InvalidArgument(f"output {name!r} is requested twice")
+            signature = served.signature(proto_codec.signature_name(request))
+            inputs = proto_codec.decode_inputs(request, signature, served.config.max_request_rows)
+            wanted = proto_codec.requested_outputs(request, signature)
             outputs = yield from predict_tensors(served, signature.name, inputs, wanted, started, context)
             started = time.perf_counter()
-            response.model_name = served.name
-            response.model_version = str(served.version)
-            response.id = request.id
-            answered = []
-            for name in wanted or list(outputs):
-                array = outputs[name]
-                info = signature.outputs.get(name)
-                datatype = v2_datatype(info.dtype if info else ("string" if array.dtype == object else array.dtype.name))
-                answered.append((name, datatype, array))
-            # NOTE: raw outputs when the inputs came raw (as MLServer answers), when asked, and when one output's
-            # datatype has no typed field (FP16): the protocol forbids mixing contents and raw_output_contents.
-            as_raw = (bool(raw) or (parameters["binary_data_output"].bool_param if "binary_data_output" in parameters
-                                    else False)
-                      or not all(proto_codec.has_contents_field(datatype) for _, datatype, _ in answered))
-            for name, datatype, array in answered:
-                tensor = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-                if as_raw:
-                    response.raw_output_contents.append(proto_codec.raw_bytes(array))
-                else:
-                    proto_codec.fill_contents(array, datatype, tensor.contents)
+            proto_codec.encode_response(request, response, served.name, served.version, signature, outputs, wanted)
             measure.stage("encode", time.perf_counter() - started)
             return response, served
 

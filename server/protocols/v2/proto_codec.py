@@ -10,7 +10,7 @@ import numpy as np
 
 from server.errors import InvalidArgument
 from server.protocols.v2.json_codec import DATATYPES, bytes_elements, v2_datatype
-from server.signature import TensorInfo
+from server.signature import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
 from server.tensors.declared import check_shape, check_strings
 
 # V2 datatype -> the InferTensorContents field that holds its values (the protocol's table)
@@ -95,3 +95,64 @@ def fill_contents(array: np.ndarray, datatype: str, contents: Any) -> None:
         getattr(contents, field).extend(v if isinstance(v, bytes) else str(v).encode() for v in flat)
     else:
         getattr(contents, field).extend(flat.tolist())
+
+
+def signature_name(request: Any) -> str:
+    """The signature a ModelInferRequest names in its `signature_name` parameter (serving_default when none)."""
+    parameters = request.parameters
+    return parameters["signature_name"].string_param if "signature_name" in parameters else DEFAULT_SIGNATURE
+
+
+def decode_inputs(request: Any, signature: SignatureInfo, max_rows: int) -> dict[str, np.ndarray]:
+    """A ModelInferRequest's tensors (typed contents or raw_input_contents) as numpy of the signature's inputs."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input")
+    inputs = {}
+    for index, tensor in enumerate(request.inputs):
+        info = signature.inputs.get(tensor.name)
+        if info is None:
+            raise InvalidArgument(f"unknown input {tensor.name!r}; the model takes {sorted(signature.inputs)}")
+        if tensor.name in inputs:
+            raise InvalidArgument(f"input {tensor.name!r} is given twice")
+        inputs[tensor.name] = to_array(tensor, raw[index] if raw else None, info, max_rows)
+    if not inputs:
+        raise InvalidArgument("'inputs' is empty: send at least one input tensor")
+    return inputs
+
+
+def requested_outputs(request: Any, signature: SignatureInfo) -> list[str]:
+    """The outputs a ModelInferRequest asks for (empty: all), each the signature's, none twice."""
+    wanted = [output.name for output in request.outputs]
+    for index, name in enumerate(wanted):
+        if name not in signature.outputs:
+            raise InvalidArgument(f"unknown output {name!r}; the model gives {sorted(signature.outputs)}")
+        if name in wanted[:index]:
+            raise InvalidArgument(f"output {name!r} is requested twice")
+    return wanted
+
+
+def encode_response(request: Any, response: Any, model: str, version: int, signature: SignatureInfo,
+                    outputs: dict[str, np.ndarray], wanted: list[str]) -> None:
+    """Fill a ModelInferResponse with the outputs asked for, typed or raw as the request and the datatypes allow."""
+    response.model_name = model
+    response.model_version = str(version)
+    response.id = request.id
+    answered = []
+    for name in wanted or list(outputs):
+        array = outputs[name]
+        info = signature.outputs.get(name)
+        datatype = v2_datatype(info.dtype if info else ("string" if array.dtype == object else array.dtype.name))
+        answered.append((name, datatype, array))
+    # NOTE: raw outputs when the inputs came raw (as MLServer answers), when asked, and when one output's
+    # datatype has no typed field (FP16): the protocol forbids mixing contents and raw_output_contents.
+    parameters = request.parameters
+    as_raw = (bool(request.raw_input_contents)
+              or (parameters["binary_data_output"].bool_param if "binary_data_output" in parameters else False)
+              or not all(has_contents_field(datatype) for _, datatype, _ in answered))
+    for name, datatype, array in answered:
+        tensor = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        if as_raw:
+            response.raw_output_contents.append(raw_bytes(array))
+        else:
+            fill_contents(array, datatype, tensor.contents)

@@ -1,7 +1,7 @@
 """V2 gRPC tensors to numpy and back: every datatype typed and raw, BYTES length prefixes, clear errors.
 
 NOTE: the messages are tritonclient's (tritonclient.grpc.service_pb2), wire-identical to ours
-(tests/unit/rpc/test_messages.py checks): both define `inference.*` in protobuf's default pool, so a
+(tests/unit/protocols/v2/test_messages.py checks): both define `inference.*` in protobuf's default pool, so a
 test process holds one of them, and the e2e tests' client process needs tritonclient's.
 """
 
@@ -20,7 +20,7 @@ from server.errors import InvalidArgument
 from server.protocols.v2 import proto_codec
 from server.protocols.v2.json_codec import bytes_elements
 from server.settings import Settings
-from server.signature import TensorInfo
+from server.signature import SignatureInfo, TensorInfo
 from server.tensors.declared import STRING_ELEMENT_BYTES
 
 # datatype -> (numpy dtype, sample values including each type's extremes)
@@ -212,3 +212,68 @@ def test_what_a_decoded_bytes_tensor_holds_is_within_its_counted_size(length: in
         tracemalloc.stop()
     assert array.shape == (count,) and len(array[-1]) == length
     assert peak <= count * (length + STRING_ELEMENT_BYTES), peak / count  # what check_strings counts
+
+
+SIGNATURE = SignatureInfo("serving_default", "predict",
+                          {"a": TensorInfo("a", "float32", (None, 2)), "b": TensorInfo("b", "int32", (None,))},
+                          {"y": TensorInfo("y", "float32", (None, 2)), "h": TensorInfo("h", "float16", (None,))})
+
+
+def infer_request(**parameters: object) -> service_pb2.ModelInferRequest:
+    """A ModelInferRequest for SIGNATURE's two inputs, typed contents, one row."""
+    request = service_pb2.ModelInferRequest(model_name="m", id="call-1")
+    request.inputs.add(name="a", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([1.0, 2.0])
+    request.inputs.add(name="b", datatype="INT32", shape=[1]).contents.int_contents.append(7)
+    for name, value in parameters.items():
+        if isinstance(value, bool):
+            request.parameters[name].bool_param = value
+        else:
+            request.parameters[name].string_param = str(value)
+    return request
+
+
+def test_a_request_decodes_to_the_signatures_inputs_and_names_its_signature() -> None:
+    request = infer_request()
+    assert proto_codec.signature_name(request) == "serving_default"
+    assert proto_codec.signature_name(infer_request(signature_name="other")) == "other"
+    inputs = proto_codec.decode_inputs(request, SIGNATURE, 1024)
+    assert inputs["a"].tolist() == [[1.0, 2.0]] and inputs["b"].dtype == np.int32
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda r: r.inputs.add(name="c", datatype="FP32", shape=[1]), "unknown input 'c'"),
+    (lambda r: r.inputs.add(name="a", datatype="FP32", shape=[1, 2]), "input 'a' is given twice"),
+    (lambda r: r.raw_input_contents.append(b"\0" * 8), "1 raw_input_contents for 2 inputs"),
+    (lambda r: r.ClearField("inputs"), "'inputs' is empty"),
+])
+def test_a_malformed_request_is_invalid_argument_naming_what(change, message: str) -> None:  # noqa: ANN001
+    request = infer_request()
+    change(request)
+    with pytest.raises(InvalidArgument, match=message):
+        proto_codec.decode_inputs(request, SIGNATURE, 1024)
+
+
+def test_requested_outputs_are_the_signatures_and_never_twice() -> None:
+    request = infer_request()
+    assert proto_codec.requested_outputs(request, SIGNATURE) == []
+    request.outputs.add(name="y")
+    assert proto_codec.requested_outputs(request, SIGNATURE) == ["y"]
+    request.outputs.add(name="y")
+    with pytest.raises(InvalidArgument, match="output 'y' is requested twice"):
+        proto_codec.requested_outputs(request, SIGNATURE)
+    with pytest.raises(InvalidArgument, match="unknown output 'z'"):
+        proto_codec.requested_outputs(service_pb2.ModelInferRequest(outputs=[{"name": "z"}]), SIGNATURE)
+
+
+def test_the_response_is_typed_unless_raw_was_sent_asked_or_needed() -> None:
+    outputs = {"y": np.array([[0.5, 1.5]], np.float32), "h": np.array([1.0], np.float16)}
+    typed = service_pb2.ModelInferResponse()
+    proto_codec.encode_response(infer_request(), typed, "m", 3, SIGNATURE, outputs, ["y"])
+    assert (typed.model_name, typed.model_version, typed.id) == ("m", "3", "call-1")
+    assert list(typed.outputs[0].contents.fp32_contents) == [0.5, 1.5] and not typed.raw_output_contents
+    asked = service_pb2.ModelInferResponse()
+    proto_codec.encode_response(infer_request(binary_data_output=True), asked, "m", 3, SIGNATURE, outputs, ["y"])
+    assert asked.raw_output_contents == [outputs["y"].tobytes()]
+    needed = service_pb2.ModelInferResponse()  # FP16 has no typed field: every output goes raw
+    proto_codec.encode_response(infer_request(), needed, "m", 3, SIGNATURE, outputs, [])
+    assert [o.name for o in needed.outputs] == ["y", "h"] and len(needed.raw_output_contents) == 2
