@@ -90,18 +90,7 @@ class PredictionService:
 
         def work() -> Steps[tuple[Any, ModelVersion]]:
             served, signature_name, outputs, rows = yield from self._examples(request, "classify", context)
-            scores, classes = outputs.get("scores"), outputs.get("classes")
-            for i in range(rows):
-                row_scores = [] if scores is None else np.asarray(scores[i]).reshape(-1).tolist()
-                row_classes = [] if classes is None else np.asarray(classes[i]).reshape(-1).tolist()
-                result = response.result.classifications.add()
-                for j in range(max(len(row_scores), len(row_classes))):
-                    entry = result.classes.add()
-                    if j < len(row_classes):
-                        label = row_classes[j]
-                        entry.label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
-                    if j < len(row_scores):
-                        entry.score = row_scores[j]
+            proto_codec.fill_classifications(response.result, outputs, rows)
             proto_codec.fill_spec(response.model_spec, served.name, served.version, signature_name)
             return response, served
 
@@ -113,8 +102,7 @@ class PredictionService:
 
         def work() -> Steps[tuple[Any, ModelVersion]]:
             served, signature_name, outputs, rows = yield from self._examples(request, "regress", context)
-            for value in proto_codec.regression_values(outputs, rows):
-                response.result.regressions.add().value = value
+            proto_codec.fill_regressions(response.result, outputs, rows)
             proto_codec.fill_spec(response.model_spec, served.name, served.version, signature_name)
             return response, served
 

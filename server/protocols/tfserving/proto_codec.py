@@ -127,3 +127,25 @@ def regression_values(outputs: dict[str, np.ndarray], rows: int) -> list[float]:
     if values is None or np.asarray(values).size != rows:
         raise InvalidArgument("regression signature must give one 'outputs' value per example")
     return np.asarray(values).reshape(rows).tolist()
+
+
+def fill_classifications(result: Any, outputs: dict[str, np.ndarray], rows: int) -> None:
+    """A ClassificationResult: per example, its classes' labels and scores (either may be missing, as in TF Serving)."""
+    scores, classes = outputs.get("scores"), outputs.get("classes")
+    for i in range(rows):
+        row_scores = [] if scores is None else np.asarray(scores[i]).reshape(-1).tolist()
+        row_classes = [] if classes is None else np.asarray(classes[i]).reshape(-1).tolist()
+        classification = result.classifications.add()
+        for j in range(max(len(row_scores), len(row_classes))):
+            entry = classification.classes.add()
+            if j < len(row_classes):
+                label = row_classes[j]
+                entry.label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+            if j < len(row_scores):
+                entry.score = row_scores[j]
+
+
+def fill_regressions(result: Any, outputs: dict[str, np.ndarray], rows: int) -> None:
+    """A RegressionResult: one value per example, or InvalidArgument."""
+    for value in regression_values(outputs, rows):
+        result.regressions.add().value = value
