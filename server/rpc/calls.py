@@ -44,7 +44,7 @@ STATUS_CODES = {
 HTTP_STATUSES = {grpc.StatusCode.OK: 200, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500,
                  grpc.StatusCode.CANCELLED: 499}
 
-Work = Callable[[], Any]  # () -> (message, version), or a flow (server.models.flow) that returns them
+Work = Callable[[], Any]  # () -> (message, the version that served it), or a flow (server.models.flow) that returns them
 CLIENT_CLOSED = 499  # nginx's status for a request its client gave up: a cancelled call in metrics and access lines
 
 
@@ -67,9 +67,9 @@ def status_code(exc: ApiError) -> grpc.StatusCode:
     return STATUS_CODES.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT)
 
 
-def timeout_for(context: grpc.ServicerContext, version: ModelVersion) -> float:
+def timeout_for(context: grpc.ServicerContext, served: ModelVersion) -> float:
     """Seconds this call may wait: the model's deadline, shortened by the client's gRPC deadline."""
-    return call_timeout(version, context.time_remaining())
+    return call_timeout(served, context.time_remaining())
 
 
 def predict_tensors(served: ModelVersion, signature_name: str, inputs: dict[str, np.ndarray], wanted: list[str],
@@ -103,7 +103,7 @@ class Calls:
         """Answer one RPC with `work()`'s message, or with the status its failure maps to: a flow (server.models.flow).
 
         `api` names an inference call (counted and timed as REST's are, protocol="grpc"); `model` is
-        the model it addresses. `work` returns (message, version), or is a flow of its own that
+        the model it addresses. `work` returns (message, served version), or is a flow of its own that
         does. Anything it raises costs this call only; a failure ends the flow with Aborted.
         """
         started = time.perf_counter()
@@ -113,14 +113,14 @@ class Calls:
                            carrier=context, method=method)
         inference = measure.current() if api else None
         trace_id = inference.trace_id if inference is not None else ""
-        version: ModelVersion | None = None
+        served: ModelVersion | None = None
         code, details, http_status = grpc.StatusCode.OK, "", 200
         response = empty
         try:
             result = work()
             if isinstance(result, Generator):
                 result = yield from result
-            response, version = result
+            response, served = result
         except ApiError as exc:
             measure.note_error(exc)
             code, details, http_status = status_code(exc), exc.message, exc.status
@@ -147,14 +147,14 @@ class Calls:
                 envelope.finish(http_status, answer, True)
                 envelope.release()
         trailing = [("x-request-id", request_id), ("x-forkserve-worker", WORKER_PID)]  # which worker answered (balance, rollouts)
-        if version is not None:
-            trailing.append(("x-model-version", str(version.version)))
+        if served is not None:
+            trailing.append(("x-model-version", str(served.version)))
         if trace_id:
             trailing.append(("x-trace-id", trace_id))
         context.set_trailing_metadata(tuple(trailing))
         if self.access_line is not None:
             self._log(context, method, code, http_status, response if code == grpc.StatusCode.OK else None,
-                      started, request_id, version, trace_id)
+                      started, request_id, served, trace_id)
         if code != grpc.StatusCode.OK:
             context.abort(code, details)
         return response
@@ -167,7 +167,7 @@ class Calls:
                       request_id_for(metadata_value(context, "x-request-id")), None)
 
     def _log(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, http_status: int, response: Any,
-             started: float, request_id: str, version: ModelVersion | None, trace_id: str = "") -> None:
+             started: float, request_id: str, served: ModelVersion | None, trace_id: str = "") -> None:
         """One access-log line, in REST's shape, with the gRPC status at its end."""
         peer = context.peer()  # "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000"
         host = peer.split(":", 1)[-1].rsplit(":", 1)[0].strip("[]") if peer else "-"
@@ -175,5 +175,5 @@ class Calls:
         milliseconds = int((time.perf_counter() - started) * 1000)
         assert self.access_line is not None
         self.access_line(f'{host} "POST {method} HTTP/2" {http_status} {size} {milliseconds}ms '
-                         f"rid={request_id} version={version.version if version else '-'} grpc={code.name}"
+                         f"rid={request_id} version={served.version if served else '-'} grpc={code.name}"
                          + (f" trace={trace_id}" if trace_id else ""))
