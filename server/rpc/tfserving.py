@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 import numpy as np
@@ -86,27 +86,23 @@ class PredictionService:
         return served, signature.name, outputs, len(serialized)
 
     def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
-        response = self.apis.classification_pb2.ClassificationResponse()
-
-        def work() -> Steps[tuple[Any, ModelVersion]]:
-            served, signature_name, outputs, rows = yield from self._examples(request, "classify", context)
-            proto_codec.fill_classifications(response.result, outputs, rows)
-            proto_codec.fill_spec(response.model_spec, served.name, served.version, signature_name)
-            return response, served
-
-        return self.calls.run(context, f"/{PREDICTION_SERVICE}/Classify", work, response, "tfserving_classify",
-                              request.model_spec.name)
+        return self._answer_examples(request, context, "classify", self.apis.classification_pb2.ClassificationResponse(),
+                                     proto_codec.fill_classifications)
 
     def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
-        response = self.apis.regression_pb2.RegressionResponse()
+        return self._answer_examples(request, context, "regress", self.apis.regression_pb2.RegressionResponse(),
+                                     proto_codec.fill_regressions)
 
+    def _answer_examples(self, request: Any, context: grpc.ServicerContext, method: str, response: Any,
+                         fill: Callable[[Any, dict[str, np.ndarray], int], None]) -> Any:
+        """Classify or Regress: the examples through the dataplane, the result filled by `fill`."""
         def work() -> Steps[tuple[Any, ModelVersion]]:
-            served, signature_name, outputs, rows = yield from self._examples(request, "regress", context)
-            proto_codec.fill_regressions(response.result, outputs, rows)
+            served, signature_name, outputs, rows = yield from self._examples(request, method, context)
+            fill(response.result, outputs, rows)
             proto_codec.fill_spec(response.model_spec, served.name, served.version, signature_name)
             return response, served
 
-        return self.calls.run(context, f"/{PREDICTION_SERVICE}/Regress", work, response, "tfserving_regress",
+        return self.calls.run(context, f"/{PREDICTION_SERVICE}/{method.capitalize()}", work, response, f"tfserving_{method}",
                               request.model_spec.name)
 
     def MultiInference(self, request: Any, context: grpc.ServicerContext) -> Any:
