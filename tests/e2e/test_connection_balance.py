@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.e2e.harness import Server, wait_until
+from tests.support.harness import Server, wait_until
 
 CLIENTS = 32
 BODY = b'{"instances": [[' + b",".join([b"0.5"] * 20) + b"]]}"

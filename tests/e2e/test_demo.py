@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from tests.e2e.harness import ROOT, Server, wait_until
+from tests.support.harness import ROOT, Server, wait_until
 
 
 @pytest.fixture(scope="module")

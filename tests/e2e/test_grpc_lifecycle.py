@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, free_port, pid_alive, wait_until
-from tests.e2e.test_metrics import samples, value
+from tests.support.harness import Server, free_port, pid_alive, wait_until
+from tests.support.metrics import samples, value
+from tests.support.models import copy_models
 
 
 def predict(model: str, inputs: dict[str, np.ndarray]) -> predict_pb2.PredictRequest:

@@ -25,10 +25,9 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from server.settings import DEFAULT_MAX_BODY_BYTES
-from server.state import read_worker_states
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import ROOT, Server, free_port, wait_until
-from tests.e2e.nginx import Nginx
+from tests.support.harness import ROOT, Server, free_port, wait_until
+from tests.support.models import copy_models
+from tests.support.nginx import Nginx
 
 FEATURES = np.array([[0.5] * 20, [-0.25] * 20], dtype=np.float32)
 CLIENTS = 8  # half TF Serving Predict, half V2 ModelInfer, each with its own channel to nginx
@@ -208,12 +207,6 @@ class GrpcTraffic:
             return [a for a in self.answers if a[1] != "OK"]
 
 
-def _all_serve(server: Server, versions: list[int]) -> bool:
-    """Exactly 2 live workers, each serving exactly `versions` of mlp."""
-    serving = [state.serving("mlp") for pid, state in read_worker_states(server.run_dir).items() if pid in server.worker_pids()]
-    return len(serving) == 2 and all(v == versions for v in serving)
-
-
 def test_a_publish_under_grpc_load_through_nginx_fails_no_rpc(fleet: tuple[Server, Nginx], model_repo: Path) -> None:
     server, nginx = fleet
     traffic = GrpcTraffic(nginx.grpc_target)
@@ -228,7 +221,7 @@ def test_a_publish_under_grpc_load_through_nginx_fails_no_rpc(fleet: tuple[Serve
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )
         assert publish.returncode == 0 and publish.stdout.strip() == "2", publish.stderr
-        wait_until(lambda: _all_serve(server, [2]), 120, "the rollout to version 2")
+        wait_until(lambda: server.all_serve("mlp", [2]), 120, "the rollout to version 2")
         rolled_out = time.monotonic()
         wait_until(lambda: time.monotonic() - started >= MIN_SECONDS and time.monotonic() - rolled_out > 3, 60,
                    "the minimum traffic time", interval=0.5)

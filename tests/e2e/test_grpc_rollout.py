@@ -28,9 +28,8 @@ import tritonclient.grpc as triton
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from server.state import read_worker_states
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import ROOT, Server, free_port, wait_until
+from tests.support.harness import ROOT, Server, free_port, wait_until
+from tests.support.models import copy_models
 
 FEATURES = np.full((2, 20), 0.5, np.float32)
 
@@ -132,13 +131,6 @@ def fleet(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     server.stop()
 
 
-def _all_serve(server: Server, version: int) -> bool:
-    """Exactly 2 live workers, each serving only `version` of mlp."""
-    states = read_worker_states(server.run_dir)
-    live = [states[pid] for pid in server.worker_pids() if pid in states]
-    return len(live) == 2 and all(state.serving("mlp") == [version] for state in live)
-
-
 def _timed(step: Callable[[], None]) -> tuple[float, float]:
     started = time.monotonic()
     step()
@@ -158,12 +150,12 @@ def test_publish_sighup_and_a_killed_worker_under_8_grpc_clients(fleet: Server, 
                 [sys.executable, "-m", "server", "publish", "mlp", str(model_repo / "mlp" / "1" / "model.keras"),
                  "--models", str(server.models_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
             assert done.returncode == 0 and done.stdout.strip() == "2", done.stderr
-            wait_until(lambda: _all_serve(server, 2), 180, "the rollout to version 2")
+            wait_until(lambda: server.all_serve("mlp", [2]), 180, "the rollout to version 2")
 
         def sighup() -> None:
             before = set(server.worker_pids())
             os.kill(server.process.pid, signal.SIGHUP)
-            wait_until(lambda: not before & set(server.worker_pids()) and _all_serve(server, 2), 180, "the HUP rollout")
+            wait_until(lambda: not before & set(server.worker_pids()) and server.all_serve("mlp", [2]), 180, "the HUP rollout")
 
         victim: list[int] = []
 

@@ -27,9 +27,9 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from tests.e2e.conftest import CONF, KERAS2, MAX_BODY_BYTES, REPO_ROOT, copy_models
-from tests.e2e.harness import Server
-from tests.e2e.test_metrics import quiet_samples, samples, settled_samples, value
+from tests.support.harness import Server
+from tests.support.metrics import quiet_samples, samples, settled_samples, value
+from tests.support.models import CONF, KERAS2, MAX_BODY_BYTES, REPO_ROOT, copy_models
 
 # The demo model with its handler (version 2) beside the plain one (version 1), as conf/models.toml serves it.
 HANDLED_CONF = """

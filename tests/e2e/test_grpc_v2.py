@@ -21,9 +21,9 @@ import tritonclient.http as triton_http
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import CONF, copy_models
-from tests.e2e.harness import Server, free_port, wait_until
-from tests.e2e.test_metrics import _require, _target_health, quiet_samples, settled_samples, value
+from tests.support.models import CONF, copy_models
+from tests.support.harness import Server, free_port, wait_until
+from tests.support.metrics import quiet_samples, require_tool, settled_samples, target_health, value
 
 MODELS = ("mlp", "k3cnn", "cnn_h5", "half_plus_two", "digits", "fallback")
 SERVICE = "/inference.GRPCInferenceService"
@@ -302,7 +302,7 @@ def test_prometheus_sees_grpc_and_rest_requests_by_protocol(tmp_path: Path, stub
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    prometheus = _require("prometheus")
+    prometheus = require_tool("prometheus")
     before = quiet_samples(server)
     sent = {"v2_infer": 7, "tfserving_predict": 5, "rest": 3}
     for _ in range(sent["v2_infer"]):
@@ -360,7 +360,7 @@ def test_prometheus_sees_grpc_and_rest_requests_by_protocol(tmp_path: Path, stub
 
     try:
         wait_until(lambda: query("up") is not None, 60, "Prometheus to answer queries")
-        wait_until(lambda: _target_health(port) == "up", 60, "the first successful scrape")
+        wait_until(lambda: target_health(port) == "up", 60, "the first successful scrape")
         now = quiet_samples(server)
         for key in series:
             selector = ", ".join(f'{name}="{label}"' for name, label in labels(key).items())

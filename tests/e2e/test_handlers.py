@@ -17,9 +17,10 @@ import pytest
 import requests
 
 from server.state import read_worker_states
-from tests.e2e.harness import ROOT, Server, wait_until
-from tests.e2e.test_metrics import samples, settled_samples, value
-from tests.e2e.traffic import Traffic
+from tests.support.harness import ROOT, Server, wait_until
+from tests.support.metrics import samples, settled_samples, value
+from tests.support.models import version_dir
+from tests.support.traffic import Traffic
 
 # A handler in the style a Flask app's own code would have: named fields in, a label and a score out.
 HANDLER = '''
@@ -112,16 +113,6 @@ handler = true
 
 [models.not_enabled]
 """
-
-
-def version_dir(root: Path, name: str, version: int, model_file: Path, handler: str, labels: str = "cat dog") -> Path:
-    """A version directory: the model file, handler.py and assets/labels.txt."""
-    directory = root / name / str(version)
-    (directory / "assets").mkdir(parents=True)
-    shutil.copy(model_file, directory / "model.keras")
-    (directory / "handler.py").write_text(handler)
-    (directory / "assets" / "labels.txt").write_text(labels)
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, group_members, pid_alive
+from tests.support.harness import Server, group_members, pid_alive
+from tests.support.models import copy_models
 
 
 def test_a_start_that_times_out_kills_the_master_and_its_workers(model_repo: Path, tmp_path: Path) -> None:

@@ -12,8 +12,15 @@ import time
 from pathlib import Path
 
 from server.target import read_failed
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import GUNICORN, ROOT, Server, free_port, pid_alive, wait_until
+from tests.support.harness import (
+    GUNICORN,
+    ROOT,
+    Server,
+    free_port,
+    pid_alive,
+    wait_until,
+)
+from tests.support.models import copy_models
 
 
 def _start_and_fail(tmp_path: Path, env: dict[str, str], args: list[str] = ()) -> tuple[int, str]:

@@ -6,8 +6,8 @@ import shutil
 import signal
 from pathlib import Path
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server
+from tests.support.harness import Server
+from tests.support.models import copy_models
 
 
 def test_missing_metrics_directory_leaves_serving_intact(model_repo: Path, tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Server
-from tests.e2e.test_metrics import samples, settled_samples, value
+from tests.support.harness import Server
+from tests.support.metrics import samples, settled_samples, value
 
 RESTARTS = 12
 

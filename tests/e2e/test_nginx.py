@@ -12,10 +12,10 @@ import pytest
 import requests
 
 from server.settings import DEFAULT_MAX_BODY_BYTES
-from tests.e2e.conftest import MAX_BODY_BYTES, copy_models
-from tests.e2e.harness import Server, wait_until
-from tests.e2e.nginx import Nginx
-from tests.e2e.traffic import Traffic
+from tests.support.harness import Server, wait_until
+from tests.support.models import MAX_BODY_BYTES, copy_models
+from tests.support.nginx import Nginx
+from tests.support.traffic import Traffic
 
 
 def test_single_upstream_proxies_ids_versions_and_limits(server: Server, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import re
 import signal
 from pathlib import Path
 
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 
 def _maps_tensorflow(pid: int) -> bool:

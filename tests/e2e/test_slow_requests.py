@@ -11,8 +11,8 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, wait_until
+from tests.support.harness import Server, wait_until
+from tests.support.models import copy_models
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,12 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.grpc.service_pb2 import InferTensorContents, ModelInferRequest
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, memory_kib, wait_until
-from tests.e2e.nginx import Nginx
-from tests.e2e.otlp_receiver import Receiver, Span
+from tests.support.models import copy_models
+from tests.support.harness import Server, memory_kib, wait_until
+from tests.support.nginx import Nginx
+from tests.support.otlp_receiver import Receiver, Span
 from server.cli.payloads import records
-from tests.e2e.test_metrics import samples, value
+from tests.support.metrics import samples, value
 
 ROW = [0.5] * 20
 CONF = """

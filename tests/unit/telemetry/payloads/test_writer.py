@@ -13,7 +13,7 @@ from server.telemetry.payloads import capture, record
 from server.telemetry.payloads.capture import Capture, Redaction, Sampled
 from server.telemetry.payloads.file_sink import KEEP, FileSink
 from server.telemetry.payloads.writer import Writer
-from tests.e2e.harness import wait_until
+from tests.support.harness import wait_until
 
 
 class Answered:

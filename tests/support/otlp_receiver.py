@@ -12,7 +12,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-
 HUGE = 256 << 20
 ZEROS = b"\0" * (1 << 20)
 

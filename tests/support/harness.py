@@ -136,6 +136,16 @@ class Server:
         """Live workers that finished loading (and so accept requests)."""
         return sorted(pid for pid, state in read_worker_states(self.run_dir).items() if state.loaded and pid_alive(pid))
 
+    def serving(self, model: str) -> dict[int, list[int]]:
+        """pid -> the versions of `model` each live, loaded worker serves."""
+        states = read_worker_states(self.run_dir)
+        return {pid: states[pid].serving(model) for pid in self.worker_pids() if pid in states}
+
+    def all_serve(self, model: str, versions: list[int], count: int | None = None) -> bool:
+        """Exactly `count` (default: self.workers) live workers, each serving exactly `versions` of `model`."""
+        serving = self.serving(model)
+        return len(serving) == (self.workers if count is None else count) and all(v == versions for v in serving.values())
+
     def children(self) -> list[int]:
         """Every live process the master forked (workers still loading included)."""
         assert self.process is not None
