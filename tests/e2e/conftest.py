@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Iterator
 
@@ -37,6 +38,16 @@ def server(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     ).start()
     yield instance
     instance.stop()
+
+
+@pytest.fixture()
+def restores_workers(server: Server) -> Iterator[None]:
+    """For tests that stop or kill the shared server's workers: every worker loaded before, and again after, even on failure."""
+    server.wait_workers_loaded(server.workers)
+    yield
+    for pid in server.children():
+        os.kill(pid, signal.SIGCONT)  # a worker a failed test left stopped
+    server.wait_workers_loaded(server.workers)
 
 
 @pytest.fixture(scope="session")
