@@ -12,14 +12,7 @@ import time
 from pathlib import Path
 
 from server.target import read_failed
-from tests.support.harness import (
-    GUNICORN,
-    ROOT,
-    Server,
-    free_port,
-    pid_alive,
-    wait_until,
-)
+from tests.support.harness import GUNICORN, ROOT, Server, free_port, pid_alive, wait_until
 from tests.support.models import copy_models
 
 

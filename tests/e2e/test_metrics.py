@@ -15,14 +15,7 @@ import pytest
 import requests
 
 from tests.support.harness import ROOT, Server, free_port, wait_until
-from tests.support.metrics import (
-    quiet_samples,
-    require_tool,
-    samples,
-    settled_samples,
-    target_health,
-    value,
-)
+from tests.support.metrics import quiet_samples, require_tool, samples, settled_samples, target_health, value
 from tests.support.models import copy_models
 
 CONF_DIR = ROOT / "conf"

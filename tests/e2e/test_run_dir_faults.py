@@ -17,14 +17,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.filesystems import filled, mount_tmpfs, read_only, tmpfs, unmount
-from tests.support.harness import (
-    GUNICORN,
-    ROOT,
-    Server,
-    free_port,
-    pid_alive,
-    wait_until,
-)
+from tests.support.harness import GUNICORN, ROOT, Server, free_port, pid_alive, wait_until
 from tests.support.models import copy_models
 
 BODY = {"instances": [[0.5] * 20]}
