@@ -36,11 +36,19 @@ allow_non_finite = true
 [models.slow]
 max_batch_size = 1
 max_queue_rows = 1
+
+# The demo model with its handler (version 2) beside the plain one (version 1), as conf/models.toml serves it.
+[models.handled]
+version_policy = "all"
+handler = true
+image_mode = "L"
+image_resize = "box"
+image_scale = "unit"
 """
 
 
 def build_keras3_models(root: Path) -> None:
-    """Small Keras 3 models with fixed seeds: an image CNN and an MLP (TF imported here only)."""
+    """Small Keras 3 models with fixed seeds: an image CNN, a slow CNN, an MLP and a string-input model (TF imported here)."""
     import keras
 
     keras.utils.set_random_seed(7)
@@ -76,6 +84,26 @@ def build_keras3_models(root: Path) -> None:
         (root / name / "1").mkdir(parents=True)
         mlp.save(root / name / "1" / "model.keras")
 
+    keras.utils.set_random_seed(5)  # a string-input model: V2's BYTES tensors
+    text = keras.Input(shape=(1,), dtype="string", name="text")
+    one_hot = keras.layers.StringLookup(vocabulary=["cat", "dog", "bird"], output_mode="one_hot")(text)
+    words = keras.Model(text, keras.layers.Dense(2, name="score")(keras.layers.Flatten()(one_hot)))
+    (root / "words" / "1").mkdir(parents=True)
+    words.save(root / "words" / "1" / "model.keras")
+
+
+def write_three_output_model(directory: Path) -> None:
+    """A SavedModel of three outputs, one complex64: a dtype forkserve cannot send (a server-side failure)."""
+    import tensorflow as tf
+
+    class Heads(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"double": 2 * x, "plus_one": x + 1, "complex": tf.complex(x, x)}
+
+    module = Heads()
+    tf.saved_model.save(module, str(directory / "1"), signatures={"serving_default": module.serve})
+
 
 def write_model_naming_a_function(source: Path, target: Path) -> Path:
     """A .keras file whose config names an arbitrary Python function (os.system) as an activation."""
@@ -94,7 +122,7 @@ def write_model_naming_a_function(source: Path, target: Path) -> Path:
 
 
 def build_repository(root: Path) -> Path:
-    """TF Serving's test models, Keras 3, Keras 2 HDF5, a Keras 2 SavedModel and broken models."""
+    """TF Serving's test models, Keras 3, Keras 2 HDF5, a Keras 2 SavedModel, the demo with its handler, broken models."""
     shutil.copytree(TFSERVING_TESTDATA / "saved_model_half_plus_two_cpu", root / "half_plus_two")
     shutil.copytree(TFSERVING_TESTDATA / "saved_model_half_plus_two_tf2_cpu", root / "half_plus_two_tf2")
     build_keras3_models(root)
@@ -103,6 +131,8 @@ def build_repository(root: Path) -> Path:
         shutil.copy(KERAS2 / source, root / name / "1" / source)
     shutil.copytree(KERAS2 / "cnn_savedmodel", root / "cnn_savedmodel" / "1")
     shutil.copytree(REPO_ROOT / "models" / "digits" / "1", root / "digits" / "1")  # the plain version
+    shutil.copytree(REPO_ROOT / "models" / "digits", root / "handled")  # both versions, the handler in 2
+    write_three_output_model(root / "heads")
     # A corrupt model: random bytes where a .keras zip should be.
     (root / "corrupt" / "1").mkdir(parents=True)
     (root / "corrupt" / "1" / "model.keras").write_bytes(np.random.default_rng(0).bytes(4096))
