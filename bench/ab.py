@@ -30,7 +30,7 @@ from bench.common import NoisyNeighbour, arguments, batching_totals, process_cpu
 from bench.load import LoadResult, run_wrk
 from bench.otlp_sink import OtlpSink
 from bench.run import request_bodies
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 METRICS_SETTLE_SECONDS = 1.2  # a worker writes its metrics every 0.5 s (server.telemetry.flusher)
 

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import arguments, save_table
-from tests.e2e.harness import ROOT
+from tests.support.harness import ROOT
 
 CHILD = """
 import json, sys

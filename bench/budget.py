@@ -30,7 +30,7 @@ from pathlib import Path
 from bench.common import arguments, process_cpu_seconds, save_table
 from bench.load import run_wrk
 from bench.run import Baseline, request_bodies
-from tests.e2e.harness import ROOT, Server
+from tests.support.harness import ROOT, Server
 
 WORKLOADS = ("mlp", "cnn")
 CONNECTIONS = (1, 16)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.harness import ROOT
+from tests.support.harness import ROOT
 
 
 def arguments(doc: str, seconds: float = 8.0, rounds: int = 3) -> argparse.ArgumentParser:

@@ -27,8 +27,8 @@ from bench import models
 from bench.common import arguments, save_table
 from bench.load import LoadResult, run_wrk
 from bench.run import request_bodies
-from tests.e2e.harness import Server
-from tests.e2e.nginx import Nginx
+from tests.support.harness import Server
+from tests.support.nginx import Nginx
 
 CONNECTIONS = 64
 

@@ -25,7 +25,7 @@ from bench.common import arguments, process_cpu_seconds, save_table
 from bench.grpc_load import GrpcCall, checked_call, run_h2load
 from bench.load import LoadResult
 from bench.run import request_bodies
-from tests.e2e.harness import ROOT, Server
+from tests.support.harness import ROOT, Server
 
 SERVERS = ("baseline", "this")
 METHODS = {"tfs": peers_grpc.TFS_PREDICT, "v2": peers_grpc.V2_INFER}

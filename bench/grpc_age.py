@@ -20,7 +20,7 @@ import requests
 from bench import models
 from bench.grpc_load import checked_call, run_h2load
 from bench.peers_grpc import v2_request
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 SETTINGS = {"age 5 s (default)": {}, "age 0 (never)": {"FORKSERVE_GRPC_MAX_CONNECTION_AGE": "0"}}
 

@@ -25,7 +25,7 @@ import numpy as np
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from bench import models
-from tests.e2e.harness import Server, free_port
+from tests.support.harness import Server, free_port
 
 SLICE = 5.0
 

@@ -151,7 +151,7 @@ def start_echo(port: int, processes: int = 2) -> list[multiprocessing.Process]:
 
 
 def main() -> None:
-    from tests.e2e.harness import free_port
+    from tests.support.harness import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)

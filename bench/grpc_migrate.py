@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench import models
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + an empty SETTINGS frame

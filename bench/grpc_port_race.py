@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench import models
-from tests.e2e.harness import Server, free_port, wait_until
+from tests.support.harness import Server, free_port, wait_until
 
 
 def listening_pids(port: int) -> set[int]:

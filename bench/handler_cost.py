@@ -26,7 +26,7 @@ from PIL import Image
 
 from bench.common import arguments, process_cpu_seconds, save_table
 from bench.load import LoadResult, run_wrk
-from tests.e2e.harness import ROOT, Server
+from tests.support.harness import ROOT, Server
 
 TRIVIAL_HANDLER = '''
 import numpy as np

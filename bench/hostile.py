@@ -22,8 +22,8 @@ from typing import Any, Callable
 import grpc
 import requests
 
-from tests.e2e.conftest import TFSERVING_TESTDATA
-from tests.e2e.harness import ROOT, Server
+from tests.support.harness import ROOT, Server
+from tests.support.models import TFSERVING_TESTDATA
 
 PNG = (ROOT / "examples" / "digit.png").read_bytes()  # 193 bytes: the demo's handwritten 3
 DIGITS_INPUT = "image"

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.hostile_receivers [--cases payload-huge otlp-gzip ...] [--requests 2] [--size-mb 1536]
 
 One 1-worker server (the bench MLP, every request's payload logged to one receiver, every request
-traced to another: tests/e2e/hostile_receiver.py); each case switches one receiver to a hostile mode,
+traced to another: tests/support/hostile_receiver.py); each case switches one receiver to a hostile mode,
 resets the worker's peak RSS (/proc/PID/clear_refs), sends `--requests` predicts and waits until the
 worker's CPU stops moving. `*-trickle` cases also say how long the writer (or exporter) stays held:
 the seconds until a record (span) sent after the hostile one gets through, once the receiver is
@@ -22,8 +22,8 @@ import requests
 
 from bench import models
 from bench.common import process_cpu_seconds
-from tests.e2e.harness import Server
-from tests.e2e.hostile_receiver import HostileReceiver
+from tests.support.harness import Server
+from tests.support.hostile_receiver import HostileReceiver
 
 CASES = ("payload-huge", "payload-gzip", "payload-endless", "payload-redirect", "payload-trickle",
          "payload-trickle_headers",

@@ -21,7 +21,7 @@ from pathlib import Path
 import requests
 
 from server.telemetry.files import scrape
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 
 def time_scrapes(url: str, count: int = 20) -> float:

@@ -49,7 +49,7 @@ from bench.common import NoisyNeighbour, arguments, finish_figure, save_table
 from bench.grpc_load import GrpcCall, call_once, checked_call, run_h2load
 from bench.load import LoadResult, run_wrk
 from bench.run import Baseline, request_bodies
-from tests.e2e.harness import ROOT, Server, free_port, wait_until
+from tests.support.harness import ROOT, Server, free_port, wait_until
 
 PEERS = ROOT / ".peers"
 RUNTIMES = ROOT / "bench" / "peer_servers"

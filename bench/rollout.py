@@ -20,9 +20,9 @@ import numpy as np
 from bench import models
 from server.cli.publish import publish
 from server.state import read_worker_states
-from tests.e2e.harness import Server, wait_until
-from tests.e2e.nginx import Nginx
-from tests.e2e.traffic import Traffic
+from tests.support.harness import Server, wait_until
+from tests.support.nginx import Nginx
+from tests.support.traffic import Traffic
 
 
 def summary(latencies: list[float]) -> str:

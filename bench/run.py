@@ -33,7 +33,7 @@ from bench import models
 from bench.common import finish_figure
 from bench.load import LoadResult, run_wrk
 from server.settings import DEFAULT_THREADS, available_cpus
-from tests.e2e.harness import ROOT, Server, free_port, wait_until
+from tests.support.harness import ROOT, Server, free_port, wait_until
 
 CONCURRENCY = (1, 16, 64)
 WORKLOADS = ("cnn", "cnn_heavy", "mlp")

@@ -14,7 +14,7 @@ from pathlib import Path
 from bench import models
 from bench.load import run_wrk
 from bench.run import request_bodies
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 
 def rss_mb(pid: int) -> float:

@@ -23,7 +23,7 @@ from bench.ab import parse_env
 from bench.load import run_wrk
 from bench.otlp_sink import OtlpSink
 from bench.run import request_bodies
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 
 def share(profile: Path, matches: list[str]) -> tuple[int, int]:

@@ -22,7 +22,7 @@ import requests
 
 from bench import models
 from tests.certificates import make_ca, make_cert
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 
 def cpu_seconds(pid: int) -> float:

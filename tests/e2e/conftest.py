@@ -1,135 +1,20 @@
-"""A model repository of every supported format and one shared 2-worker server over it."""
+"""The session's model repository and one shared 2-worker server over it."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import signal
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import pytest
 
-from tests.e2e.harness import Server
+from tests.support.harness import Server
+from tests.support.models import CONF, MAX_BODY_BYTES, build_repository
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-TFSERVING_TESTDATA = DATA / "tfserving"  # TensorFlow Serving's own test models (Apache-2.0)
-KERAS2 = DATA / "keras2"
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-MAX_BODY_BYTES = 1024 * 1024
 # Servers a test starts without the harness stay off TF Serving's gRPC port 8500 (another run may hold it);
 # the harness gives each server a free one (Server.grpc_port).
 os.environ.setdefault("FORKSERVE_GRPC_BIND", "")
-
-CONF = """
-[models.digits]
-image_mode = "L"
-image_resize = "box"
-
-[models.mlp]
-labels = { stable = 1 }
-
-[models.k3cnn]
-image_resize = "bilinear"
-image_scale = "unit"
-
-[models.fallback]
-latest = 1
-
-[models.nonfinite]
-allow_non_finite = true
-
-[models.slow]
-max_batch_size = 1
-max_queue_rows = 1
-"""
-
-
-def build_keras3_models(root: Path) -> None:
-    """Small Keras 3 models with fixed seeds: an image CNN and an MLP (TF imported here only)."""
-    import keras
-
-    keras.utils.set_random_seed(7)
-    cnn = keras.Sequential(
-        [
-            keras.Input(shape=(10, 12, 3), name="pixels"),
-            keras.layers.Conv2D(4, 3, activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(5, activation="softmax", name="scores"),
-        ]
-    )
-    (root / "k3cnn" / "1").mkdir(parents=True)
-    cnn.save(root / "k3cnn" / "1" / "model.keras")
-
-    # Slow on purpose (about 0.1-0.3 s per row on one core): for queueing, shedding and deadlines.
-    slow = keras.Sequential(
-        [
-            keras.Input(shape=(192, 192, 3), name="image"),
-            keras.layers.Conv2D(32, 7, padding="same"),
-            keras.layers.Conv2D(64, 7, padding="same"),
-            keras.layers.Conv2D(64, 7, padding="same"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(1, name="score"),
-        ]
-    )
-    (root / "slow" / "1").mkdir(parents=True)
-    slow.save(root / "slow" / "1" / "model.keras")
-
-    inputs = keras.Input(shape=(20,), name="features")
-    hidden = keras.layers.Dense(16, activation="relu")(inputs)
-    mlp = keras.Model(inputs, keras.layers.Dense(2, name="logits")(hidden))
-    for name in ("mlp", "nonfinite"):
-        (root / name / "1").mkdir(parents=True)
-        mlp.save(root / name / "1" / "model.keras")
-
-
-def write_model_naming_a_function(source: Path, target: Path) -> Path:
-    """A .keras file whose config names an arbitrary Python function (os.system) as an activation."""
-    import json
-    import zipfile
-
-    with zipfile.ZipFile(source) as original:
-        config = json.loads(original.read("config.json"))
-        layer = next(item for item in config["config"]["layers"] if "activation" in item["config"])
-        layer["config"]["activation"] = {"module": "os", "class_name": "function", "config": "system", "registered_name": "system"}
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(target, "w") as forged:
-            for name in original.namelist():
-                forged.writestr(name, json.dumps(config) if name == "config.json" else original.read(name))
-    return target
-
-
-def build_repository(root: Path) -> Path:
-    """TF Serving's test models, Keras 3, Keras 2 HDF5, a Keras 2 SavedModel and broken models."""
-    shutil.copytree(TFSERVING_TESTDATA / "saved_model_half_plus_two_cpu", root / "half_plus_two")
-    shutil.copytree(TFSERVING_TESTDATA / "saved_model_half_plus_two_tf2_cpu", root / "half_plus_two_tf2")
-    build_keras3_models(root)
-    for name, source in (("cnn_h5", "cnn.h5"), ("multi_h5", "multi.h5"), ("lambda_h5", "lambda.h5")):
-        (root / name / "1").mkdir(parents=True)
-        shutil.copy(KERAS2 / source, root / name / "1" / source)
-    shutil.copytree(KERAS2 / "cnn_savedmodel", root / "cnn_savedmodel" / "1")
-    shutil.copytree(REPO_ROOT / "models" / "digits" / "1", root / "digits" / "1")  # the plain version
-    # A corrupt model: random bytes where a .keras zip should be.
-    (root / "corrupt" / "1").mkdir(parents=True)
-    (root / "corrupt" / "1" / "model.keras").write_bytes(np.random.default_rng(0).bytes(4096))
-    write_model_naming_a_function(REPO_ROOT / "models" / "digits" / "1" / "model.keras", root / "evil_fn" / "1" / "model.keras")
-    # A good version 1 and a truncated version 2: the latest policy falls back to 1.
-    shutil.copytree(root / "mlp" / "1", root / "fallback" / "1")
-    (root / "fallback" / "2").mkdir(parents=True)
-    good = (root / "mlp" / "1" / "model.keras").read_bytes()
-    (root / "fallback" / "2" / "model.keras").write_bytes(good[: len(good) // 2])
-    # Ignored entries: hidden and non-numeric directories must never be loaded.
-    (root / ".staging" / "1").mkdir(parents=True)
-    (root / "mlp" / "tmp").mkdir()
-    return root
-
-
-def copy_models(model_repo: Path, target: Path, *names: str) -> Path:
-    """A repository of its own holding the named models of the shared one (every version)."""
-    for name in names:
-        shutil.copytree(model_repo / name, target / name)
-    return target
 
 
 @pytest.fixture(scope="session")
@@ -153,6 +38,16 @@ def server(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     ).start()
     yield instance
     instance.stop()
+
+
+@pytest.fixture()
+def restores_workers(server: Server) -> Iterator[None]:
+    """For tests that stop or kill the shared server's workers: every worker loaded before, and again after, even on failure."""
+    server.wait_workers_loaded(server.workers)
+    yield
+    for pid in server.children():
+        os.kill(pid, signal.SIGCONT)  # a worker a failed test left stopped
+    server.wait_workers_loaded(server.workers)
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@ import json
 import pytest
 import requests
 
-from tests.e2e.conftest import MAX_BODY_BYTES
-from tests.e2e.harness import Server
+from tests.support.harness import Server
+from tests.support.models import MAX_BODY_BYTES
 
 MLP_ROW = [0.25] * 20
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 
 def test_corrupt_model_is_reported_with_its_error(server: Server) -> None:

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import requests
 
-from tests.e2e.harness import Server
+from tests.support.harness import Server
 
 CLIENTS = 32
 REQUESTS_PER_CLIENT = 8

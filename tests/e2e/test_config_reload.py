@@ -6,9 +6,9 @@ import os
 import signal
 from pathlib import Path
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, wait_until
-from tests.e2e.test_metrics import samples, value
+from tests.support.harness import Server, wait_until
+from tests.support.metrics import samples, value
+from tests.support.models import copy_models
 
 ROW = [0.5] * 20
 

@@ -9,10 +9,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.e2e.harness import Server, wait_until
+import pytest
+
+from tests.support.harness import Server, wait_until
 
 CLIENTS = 32
 BODY = b'{"instances": [[' + b",".join([b"0.5"] * 20) + b"]]}"
+
+
+# These tests stop or kill workers of the session's shared server: it gets them all back whatever happens.
+pytestmark = pytest.mark.usefixtures("restores_workers")
 
 
 def established_per_worker(server: Server) -> dict[int, int]:
@@ -68,8 +74,9 @@ def test_connections_piled_on_one_worker_spread_out_with_no_failed_request(serve
     """A worker that accepted everything while the other was stalled hands the excess back."""
     busy, stalled = server.worker_pids()
     os.kill(stalled, signal.SIGSTOP)  # a long pause in one worker while a burst of clients connects
+    clients: list[KeepAliveClient] = []
     try:
-        clients = [KeepAliveClient(server.port) for _ in range(CLIENTS)]
+        clients += [KeepAliveClient(server.port) for _ in range(CLIENTS)]
         wait_until(lambda: established_per_worker(server)[busy] >= 8, 30, "the busy worker to accept")
         with ThreadPoolExecutor(CLIENTS) as pool:
             first = [pool.submit(client.predict) for client in clients]

@@ -13,8 +13,8 @@ import pytest
 import requests
 from PIL import Image
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server
+from tests.support.harness import Server
+from tests.support.models import copy_models
 
 MAX_BODY_BYTES = 64 * 1024
 CONF = """

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from server.target import read_failed
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, wait_until
-from tests.e2e.traffic import Traffic
+from tests.support.harness import Server, wait_until
+from tests.support.models import copy_models
+from tests.support.traffic import Traffic
 
 
 def test_a_model_that_hangs_while_loading_is_stopped_by_the_rollout_deadline(model_repo: Path, tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from tests.e2e.harness import GUNICORN, ROOT, Server, free_port, wait_until
-from tests.e2e.nginx import Nginx
+from tests.support.harness import GUNICORN, ROOT, Server, free_port, wait_until
+from tests.support.nginx import Nginx
 
 WINE = ROOT / "examples" / "wine"
 SAMPLES = [json.loads((WINE / "sample.json").read_text()),

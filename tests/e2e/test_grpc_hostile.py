@@ -14,9 +14,9 @@ import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server
-from tests.e2e.test_metrics import samples, settled_samples, value
+from tests.support.harness import Server
+from tests.support.metrics import samples, settled_samples, value
+from tests.support.models import copy_models
 
 REFUSED = "forkserve_grpc_refused_calls_total"
 

@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, free_port, pid_alive, wait_until
-from tests.e2e.test_metrics import samples, value
+from tests.support.harness import Server, free_port, pid_alive, wait_until
+from tests.support.metrics import samples, value
+from tests.support.models import copy_models
 
 
 def predict(model: str, inputs: dict[str, np.ndarray]) -> predict_pb2.PredictRequest:
@@ -57,7 +57,10 @@ def refused_start(tmp_path: Path, models: Path, grpc_bind: str) -> tuple[int, li
 def first(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A 1-worker forkserve over mlp and slow, gRPC on its own port."""
     repo = copy_models(model_repo, tmp_path_factory.mktemp("grpc-lifecycle-models"), "mlp", "slow")
-    server = Server(models_dir=repo, run_dir=tmp_path_factory.mktemp("grpc-lifecycle-run"), workers=1).start()
+    run_dir = tmp_path_factory.mktemp("grpc-lifecycle-run")
+    conf = run_dir / "models.toml"
+    conf.write_text("[models.slow]\nmax_batch_size = 8\n")  # warm-up at 1, 2, 4 and 8 rows, not up to 64: each row is slow
+    server = Server(models_dir=repo, run_dir=run_dir, conf_path=conf, workers=1).start()
     yield server
     server.stop()
 
@@ -102,6 +105,8 @@ def test_a_second_forkserve_on_the_same_grpc_port_is_refused_and_the_first_keeps
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
     try:
         stub.Predict(MLP, timeout=30)
+        # The connectivity callbacks come on grpcio's own thread: READY may follow the answer a little.
+        wait_until(lambda: states and states[-1] == grpc.ChannelConnectivity.READY, 10, "the channel's READY callback")
         connected = len(states)
         code, errors = refused_start(tmp_path, first.models_dir, first.grpc_target)
         assert code != 0
@@ -191,7 +196,7 @@ def test_a_retiring_worker_closes_its_listener_sends_goaway_and_finishes_a_slow_
     idle.subscribe(idle_states.append, try_to_connect=True)
     try:
         prediction_service_pb2_grpc.PredictionServiceStub(idle).Predict(MLP, timeout=30)
-        assert idle_states[-1] == grpc.ChannelConnectivity.READY
+        wait_until(lambda: idle_states and idle_states[-1] == grpc.ChannelConnectivity.READY, 10, "the idle channel's READY callback")
         rows = np.random.default_rng(0).random((6, 192, 192, 3), dtype=np.float32)
         call = prediction_service_pb2_grpc.PredictionServiceStub(busy).Predict.future(predict("slow", {"image": rows}),
                                                                                       timeout=60)

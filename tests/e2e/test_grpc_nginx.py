@@ -10,11 +10,9 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import grpc
 import numpy as np
@@ -25,10 +23,10 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from server.settings import DEFAULT_MAX_BODY_BYTES
-from server.state import read_worker_states
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import ROOT, Server, free_port, wait_until
-from tests.e2e.nginx import Nginx
+from tests.support.grpc_traffic import GrpcTraffic
+from tests.support.harness import ROOT, Server, free_port, wait_until
+from tests.support.models import copy_models
+from tests.support.nginx import Nginx
 
 FEATURES = np.array([[0.5] * 20, [-0.25] * 20], dtype=np.float32)
 CLIENTS = 8  # half TF Serving Predict, half V2 ModelInfer, each with its own channel to nginx
@@ -155,71 +153,12 @@ def test_nginx_s_own_failures_reach_clients_as_grpc_statuses(fleet: tuple[Server
     assert int(re.search(r"client_max_body_size (\d+)m;", conf)[1]) * 1024 * 1024 == DEFAULT_MAX_BODY_BYTES
 
 
-@dataclass
-class GrpcTraffic:
-    """Closed-loop gRPC clients, each on its own channel, recording (time, status name, model version, details)."""
-
-    target: str
-    stop: threading.Event = field(default_factory=threading.Event)
-    answers: list[tuple[float, str, str, str]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    threads: list[threading.Thread] = field(default_factory=list)
-
-    def _loop(self, call: Callable[[], str], close: Callable[[], None]) -> None:
-        try:
-            while not self.stop.is_set():
-                at = time.monotonic()
-                try:
-                    record = (at, "OK", call(), "")
-                except grpc.RpcError as exc:
-                    record = (at, exc.code().name, "", exc.details() or "")
-                except InferenceServerException as exc:
-                    record = (at, exc.status() or "?", "", exc.message())
-                with self.lock:
-                    self.answers.append(record)
-        finally:
-            close()
-
-    def tfserving(self) -> None:
-        channel = grpc.insecure_channel(self.target)
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = "mlp"
-        request.inputs["features"].CopyFrom(tf.make_tensor_proto(FEATURES))
-        self._loop(lambda: str(stub.Predict(request, timeout=30).model_spec.version.value), channel.close)
-
-    def v2(self) -> None:
-        client = triton.InferenceServerClient(self.target)
-        self._loop(lambda: triton_infer(client).get_response().model_version, client.close)
-
-    def start(self, clients: int) -> None:
-        """Half the clients call Predict, half ModelInfer."""
-        self.threads = [threading.Thread(target=self.tfserving if i % 2 else self.v2, daemon=True) for i in range(clients)]
-        for thread in self.threads:
-            thread.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
-
-    def failures(self) -> list[tuple[float, str, str, str]]:
-        with self.lock:
-            return [a for a in self.answers if a[1] != "OK"]
-
-
-def _all_serve(server: Server, versions: list[int]) -> bool:
-    """Exactly 2 live workers, each serving exactly `versions` of mlp."""
-    serving = [state.serving("mlp") for pid, state in read_worker_states(server.run_dir).items() if pid in server.worker_pids()]
-    return len(serving) == 2 and all(v == versions for v in serving)
-
-
 def test_a_publish_under_grpc_load_through_nginx_fails_no_rpc(fleet: tuple[Server, Nginx], model_repo: Path) -> None:
     server, nginx = fleet
-    traffic = GrpcTraffic(nginx.grpc_target)
+    traffic = GrpcTraffic([("triton" if i % 2 else "tfs", nginx.grpc_target) for i in range(CLIENTS)])
     logged_before = len(nginx.access_log())
     started = time.monotonic()
-    traffic.start(CLIENTS)
+    traffic.start()
     try:
         wait_until(lambda: len(traffic.answers) > 100, 60, "gRPC traffic through nginx")
         publish = subprocess.run(
@@ -228,7 +167,7 @@ def test_a_publish_under_grpc_load_through_nginx_fails_no_rpc(fleet: tuple[Serve
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )
         assert publish.returncode == 0 and publish.stdout.strip() == "2", publish.stderr
-        wait_until(lambda: _all_serve(server, [2]), 120, "the rollout to version 2")
+        wait_until(lambda: server.all_serve("mlp", [2]), 120, "the rollout to version 2")
         rolled_out = time.monotonic()
         wait_until(lambda: time.monotonic() - started >= MIN_SECONDS and time.monotonic() - rolled_out > 3, 60,
                    "the minimum traffic time", interval=0.5)
@@ -239,7 +178,7 @@ def test_a_publish_under_grpc_load_through_nginx_fails_no_rpc(fleet: tuple[Serve
     logged = nginx.access_log()[logged_before:]
     # On failure: who answered it (nginx itself, or a worker: upstream=) and how.
     assert traffic.failures() == [], [line for line in logged.splitlines() if " grpc=0 " not in line]
-    assert {a[2] for a in answers} == {"1", "2"}
-    late = [a for a in answers if a[0] > rolled_out + 1.0]
-    assert late and {a[2] for a in late} == {"2"}
+    assert {a.version for a in answers} == {"1", "2"}
+    late = [a for a in answers if a.started > rolled_out + 1.0]
+    assert late and {a.version for a in late} == {"2"}
     assert set(re.findall(r" grpc=(\S+) ", logged)) == {"0"}

@@ -13,111 +13,18 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-import grpc
-import numpy as np
 import pytest
-import tensorflow as tf
-import tritonclient.grpc as triton
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-from tritonclient.utils import InferenceServerException
 
-from server.state import read_worker_states
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import ROOT, Server, free_port, wait_until
-
-FEATURES = np.full((2, 20), 0.5, np.float32)
-
+from tests.support.grpc_traffic import GrpcTraffic, loopback_clients
+from tests.support.harness import ROOT, Server, free_port, wait_until
+from tests.support.models import copy_models
 
 RECONNECT_BACKOFF = 5.0  # seconds: grpcio's first reconnect backoffs (1 s, then x1.6, with 20 % jitter), twice over
-
-
-@dataclass
-class Answer:
-    """One call: when it started and ended, which client made it, and how it went."""
-
-    started: float
-    ended: float
-    client: str
-    code: str  # "OK" or the gRPC status name
-    worker: str = ""  # x-forkserve-worker (TF Serving clients only: tritonclient does not expose trailing metadata)
-
-
-@dataclass
-class Clients:
-    """Closed-loop clients of both libraries until stopped; every answer recorded."""
-
-    port: int
-    per_library: int = 4
-    with_triton: bool = True
-    stop: threading.Event = field(default_factory=threading.Event)
-    answers: list[Answer] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    threads: list[threading.Thread] = field(default_factory=list)
-
-    def record(self, answer: Answer) -> None:
-        with self.lock:
-            self.answers.append(answer)
-
-    def tfserving(self, index: int, address: str) -> None:
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = "mlp"
-        request.inputs["features"].CopyFrom(tf.make_tensor_proto(FEATURES))
-        with grpc.insecure_channel(f"{address}:{self.port}") as channel:
-            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            while not self.stop.is_set():
-                started = time.monotonic()
-                try:
-                    _, call = stub.Predict.with_call(request, timeout=30)
-                    self.record(Answer(started, time.monotonic(), f"tfs{index}", "OK",
-                                       dict(call.trailing_metadata())["x-forkserve-worker"]))
-                except grpc.RpcError as exc:
-                    self.record(Answer(started, time.monotonic(), f"tfs{index}", exc.code().name))
-
-    def triton(self, index: int, address: str) -> None:
-        client = triton.InferenceServerClient(f"{address}:{self.port}")
-        features = triton.InferInput("features", list(FEATURES.shape), "FP32")
-        features.set_data_from_numpy(FEATURES)
-        try:
-            while not self.stop.is_set():
-                started = time.monotonic()
-                try:
-                    client.infer("mlp", [features], client_timeout=30)
-                    self.record(Answer(started, time.monotonic(), f"triton{index}", "OK"))
-                except InferenceServerException as exc:
-                    self.record(Answer(started, time.monotonic(), f"triton{index}", str(exc.status())))
-        finally:
-            client.close()
-
-    def start(self) -> None:
-        """Start both libraries' clients, each on its own loopback address."""
-        for index in range(self.per_library):
-            self.threads.append(threading.Thread(target=self.tfserving, args=(index, f"127.0.0.{index + 1}"), daemon=True))
-            if self.with_triton:
-                self.threads.append(threading.Thread(target=self.triton, args=(index, f"127.0.0.{index + 1 + self.per_library}"),
-                                                     daemon=True))
-        for thread in self.threads:
-            thread.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
-
-    def between(self, start: float, end: float) -> list[Answer]:
-        """Calls that overlapped [start, end]."""
-        with self.lock:
-            return [a for a in self.answers if a.ended >= start and a.started <= end]
-
-    def failures(self) -> list[Answer]:
-        with self.lock:
-            return [a for a in self.answers if a.code != "OK"]
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +39,6 @@ def fleet(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     server.stop()
 
 
-def _all_serve(server: Server, version: int) -> bool:
-    """Exactly 2 live workers, each serving only `version` of mlp."""
-    states = read_worker_states(server.run_dir)
-    live = [states[pid] for pid in server.worker_pids() if pid in states]
-    return len(live) == 2 and all(state.serving("mlp") == [version] for state in live)
-
-
 def _timed(step: Callable[[], None]) -> tuple[float, float]:
     started = time.monotonic()
     step()
@@ -147,7 +47,7 @@ def _timed(step: Callable[[], None]) -> tuple[float, float]:
 
 def test_publish_sighup_and_a_killed_worker_under_8_grpc_clients(fleet: Server, model_repo: Path) -> None:
     server = fleet
-    clients = Clients(server.grpc_port)
+    clients = GrpcTraffic(loopback_clients(server.grpc_port, 4))
     clients.start()
     try:
         wait_until(lambda: len({a.client for a in clients.between(0, time.monotonic()) if a.code == "OK"}) == 8, 60,
@@ -158,12 +58,12 @@ def test_publish_sighup_and_a_killed_worker_under_8_grpc_clients(fleet: Server, 
                 [sys.executable, "-m", "server", "publish", "mlp", str(model_repo / "mlp" / "1" / "model.keras"),
                  "--models", str(server.models_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
             assert done.returncode == 0 and done.stdout.strip() == "2", done.stderr
-            wait_until(lambda: _all_serve(server, 2), 180, "the rollout to version 2")
+            wait_until(lambda: server.all_serve("mlp", [2]), 180, "the rollout to version 2")
 
         def sighup() -> None:
             before = set(server.worker_pids())
             os.kill(server.process.pid, signal.SIGHUP)
-            wait_until(lambda: not before & set(server.worker_pids()) and _all_serve(server, 2), 180, "the HUP rollout")
+            wait_until(lambda: not before & set(server.worker_pids()) and server.all_serve("mlp", [2]), 180, "the HUP rollout")
 
         victim: list[int] = []
 
@@ -203,7 +103,7 @@ def test_publish_sighup_and_a_killed_worker_under_8_grpc_clients(fleet: Server, 
 
 def test_four_channels_reach_both_workers(fleet: Server) -> None:
     """HTTP/2 channels are long-lived; a worker above its share sends GOAWAY until 4 channels sit 2 and 2."""
-    clients = Clients(fleet.grpc_port, per_library=4, with_triton=False)
+    clients = GrpcTraffic(loopback_clients(fleet.grpc_port, 4, with_triton=False))
     clients.start()
     try:
         def spread() -> bool:

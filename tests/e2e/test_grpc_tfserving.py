@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
-import shutil
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -27,48 +25,17 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from tests.e2e.conftest import CONF, KERAS2, MAX_BODY_BYTES, REPO_ROOT, copy_models
-from tests.e2e.harness import Server
-from tests.e2e.test_metrics import quiet_samples, samples, settled_samples, value
+from tests.support.harness import Server
+from tests.support.metrics import quiet_samples, samples, settled_samples, value
+from tests.support.models import KERAS2, MAX_BODY_BYTES, REPO_ROOT
 
-# The demo model with its handler (version 2) beside the plain one (version 1), as conf/models.toml serves it.
-HANDLED_CONF = """
-[models.handled]
-version_policy = "all"
-handler = true
-image_mode = "L"
-image_resize = "box"
-image_scale = "unit"
-"""
-SHARED = ("half_plus_two", "half_plus_two_tf2", "cnn_h5", "mlp", "k3cnn", "digits", "fallback", "slow")
 STATES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
 
 
-def write_three_output_model(directory: Path) -> None:
-    """A SavedModel of three outputs, one complex64: a dtype forkserve cannot send (a server-side failure)."""
-
-    class Heads(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
-        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
-            return {"double": 2 * x, "plus_one": x + 1, "complex": tf.complex(x, x)}
-
-    module = Heads()
-    tf.saved_model.save(module, str(directory / "1"), signatures={"serving_default": module.serve})
-
-
 @pytest.fixture(scope="module")
-def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """2 workers over the shared models, the demo with its handler and a model of three outputs."""
-    repo = copy_models(model_repo, tmp_path_factory.mktemp("grpc-models"), *SHARED)
-    shutil.copytree(REPO_ROOT / "models" / "digits", repo / "handled")
-    write_three_output_model(repo / "heads")
-    run_dir = tmp_path_factory.mktemp("grpc-run")
-    conf = run_dir / "models.toml"
-    conf.write_text(CONF + HANDLED_CONF)
-    server = Server(models_dir=repo, run_dir=run_dir, conf_path=conf, workers=2,
-                    env={"FORKSERVE_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}).start()
-    yield server
-    server.stop()
+def served(server: Server) -> Server:
+    """The session's shared server: 2 workers over every model, the demo with its handler and a model of three outputs."""
+    return server
 
 
 @pytest.fixture(scope="module")

@@ -21,31 +21,11 @@ import tritonclient.http as triton_http
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import CONF, copy_models
-from tests.e2e.harness import Server, free_port, wait_until
-from tests.e2e.test_metrics import _require, _target_health, quiet_samples, settled_samples, value
+from tests.support.harness import Server, free_port, wait_until
+from tests.support.metrics import quiet_samples, require_tool, settled_samples, target_health, value
 
 MODELS = ("mlp", "k3cnn", "cnn_h5", "half_plus_two", "digits", "fallback")
 SERVICE = "/inference.GRPCInferenceService"
-
-
-@pytest.fixture(scope="module")
-def server(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """2 workers over the shared repository's models and a string-input model (`words`)."""
-    import keras
-
-    repo = copy_models(model_repo, tmp_path_factory.mktemp("grpc-v2-models"), *MODELS)
-    keras.utils.set_random_seed(5)
-    text = keras.Input(shape=(1,), dtype="string", name="text")
-    one_hot = keras.layers.StringLookup(vocabulary=["cat", "dog", "bird"], output_mode="one_hot")(text)
-    words = keras.Model(text, keras.layers.Dense(2, name="score")(keras.layers.Flatten()(one_hot)))
-    (repo / "words" / "1").mkdir(parents=True)
-    words.save(repo / "words" / "1" / "model.keras")
-    run_dir = tmp_path_factory.mktemp("grpc-v2-run")
-    (run_dir / "models.toml").write_text(CONF)
-    instance = Server(models_dir=repo, run_dir=run_dir, conf_path=run_dir / "models.toml", workers=2).start()
-    yield instance
-    instance.stop()
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +282,7 @@ def test_prometheus_sees_grpc_and_rest_requests_by_protocol(tmp_path: Path, stub
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    prometheus = _require("prometheus")
+    prometheus = require_tool("prometheus")
     before = quiet_samples(server)
     sent = {"v2_infer": 7, "tfserving_predict": 5, "rest": 3}
     for _ in range(sent["v2_infer"]):
@@ -360,7 +340,7 @@ def test_prometheus_sees_grpc_and_rest_requests_by_protocol(tmp_path: Path, stub
 
     try:
         wait_until(lambda: query("up") is not None, 60, "Prometheus to answer queries")
-        wait_until(lambda: _target_health(port) == "up", 60, "the first successful scrape")
+        wait_until(lambda: target_health(port) == "up", 60, "the first successful scrape")
         now = quiet_samples(server)
         for key in series:
             selector = ", ".join(f'{name}="{label}"' for name, label in labels(key).items())
@@ -396,11 +376,12 @@ LIMITS = [
     ("an output twice", _raw_request("half_plus_two", [("x", "FP32", [2, 1])], [FLOATS], ("y", "y")),
      "output 'y' is requested twice"),
     ("an input twice", _twice_the_input(), "input 'x' is given twice"),
-    ("zero-length BYTES over the row limit", _bytes_request([600_000], b"\0" * 2_400_000),
-     "request has 600000 rows; the limit is 1024"),
-    # in one row, 600,000 zero-length elements: 2.4 MB of the request, 38 MB once decoded (32 MiB limit): counted, not parsed
-    ("zero-length BYTES past the size limit", _bytes_request([1, 600_000], b"\0" * 2_400_000),
-     "input 'inputs': 600000 strings of 0 bytes in all make a tensor of 38400000 bytes"),
+    ("zero-length BYTES over the row limit", _bytes_request([200_000], b"\0" * 800_000),
+     "request has 200000 rows; the limit is 1024"),
+    # in one row, 200,000 zero-length elements: 0.8 MB of the request, 12.8 MB once decoded (the shared server's
+    # 1 MiB limit, MAX_BODY_BYTES): counted, not parsed
+    ("zero-length BYTES past the size limit", _bytes_request([1, 200_000], b"\0" * 800_000),
+     "input 'inputs': 200000 strings of 0 bytes in all make a tensor of 12800000 bytes"),
     ("BYTES past the shape's count", _bytes_request([2], b"\0" * 12), "input 'inputs': 4 bytes of BYTES data after the 2 elements"),
 ]
 

@@ -16,8 +16,8 @@ import pytest
 import requests
 
 from server.worker.gthread import LINGERING_LIMIT
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, wait_until
+from tests.support.harness import Server, wait_until
+from tests.support.models import copy_models
 
 BODY = b'{"instances": [[' + b",".join([b"0.5"] * 20) + b"]]}"
 PREDICT = (b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

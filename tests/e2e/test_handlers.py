@@ -17,9 +17,10 @@ import pytest
 import requests
 
 from server.state import read_worker_states
-from tests.e2e.harness import ROOT, Server, wait_until
-from tests.e2e.test_metrics import samples, settled_samples, value
-from tests.e2e.traffic import Traffic
+from tests.support.harness import ROOT, Server, wait_until
+from tests.support.metrics import samples, settled_samples, value
+from tests.support.models import version_dir
+from tests.support.traffic import Traffic
 
 # A handler in the style a Flask app's own code would have: named fields in, a label and a score out.
 HANDLER = '''
@@ -112,16 +113,6 @@ handler = true
 
 [models.not_enabled]
 """
-
-
-def version_dir(root: Path, name: str, version: int, model_file: Path, handler: str, labels: str = "cat dog") -> Path:
-    """A version directory: the model file, handler.py and assets/labels.txt."""
-    directory = root / name / str(version)
-    (directory / "assets").mkdir(parents=True)
-    shutil.copy(model_file, directory / "model.keras")
-    (directory / "handler.py").write_text(handler)
-    (directory / "assets" / "labels.txt").write_text(labels)
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -297,16 +288,24 @@ def test_metadata_openapi_and_v2_say_what_a_handler_model_takes(handled: Server)
     assert infer.status_code == 200 and infer.json()["outputs"][0]["name"] == "logits"
 
 
+def _versions(model_dir: Path) -> list[str]:
+    """A model directory's entries but the publish lock."""
+    return sorted(p.name for p in model_dir.iterdir() if p.name != ".publish.lock")
+
+
 def test_publish_refuses_a_broken_handler_and_leaves_nothing(handled: Server, model_repo: Path, tmp_path: Path) -> None:
     source = version_dir(tmp_path, "candidate", 1, model_repo / "mlp" / "1" / "model.keras",
                          HANDLER.replace('example = {"features": [0.5] * 20}', 'example = {"features": [0.5] * 3}'))
+    before = _versions(handled.models_dir / "scored")
     done = subprocess.run([sys.executable, "-m", "server", "publish", "scored", str(source), "--models", str(handled.models_dir),
                            "--conf", str(handled.conf_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "invalid model: handler: Handler.example failed" in done.stderr, done.stderr
-    assert sorted(p.name for p in (handled.models_dir / "scored").iterdir() if p.name != ".publish.lock") == ["1"]
+    assert _versions(handled.models_dir / "scored") == before  # whichever ran first, the rollout test or this one
 
 
-def test_a_rollout_to_a_new_handler_never_mixes_versions(handled: Server, model_repo: Path, tmp_path: Path) -> None:
+def test_a_rollout_to_a_new_handler_never_mixes_versions_and_publishes_the_handler_s_files(
+    handled: Server, model_repo: Path, tmp_path: Path
+) -> None:
     source = version_dir(tmp_path, "candidate", 2, model_repo / "mlp" / "1" / "model.keras", HANDLER, labels="red blue")
     labels = {"1": {"cat", "dog"}, "2": {"red", "blue"}}
     answers: list[tuple[int, str, str]] = []
@@ -341,9 +340,6 @@ def test_a_rollout_to_a_new_handler_never_mixes_versions(handled: Server, model_
     assert {version for _, version, _ in answers} == {"1", "2"}
     assert all(label in labels[version] for _, version, label in answers)  # v1's handler with v1's model, never across
     assert {version for _, version, _ in answers[finished + 10:]} == {"2"}
-
-
-def test_the_published_version_directory_holds_the_handler_and_its_files(handled: Server) -> None:
     published = handled.models_dir / "scored" / "2"
     assert sorted(p.name for p in published.iterdir()) == ["assets", "handler.py", "model.keras"]
     assert (published / "assets" / "labels.txt").read_text() == "red blue"

@@ -9,8 +9,8 @@ import zlib
 import numpy as np
 from PIL import Image
 
-from tests.e2e.conftest import REPO_ROOT
-from tests.e2e.harness import Server
+from tests.support.harness import Server
+from tests.support.models import REPO_ROOT
 
 
 def _encode(image: Image.Image, fmt: str, **options: object) -> dict[str, str]:

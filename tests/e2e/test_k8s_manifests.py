@@ -15,7 +15,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.settings import Settings
-from tests.e2e.harness import ROOT, Server
+from tests.support.harness import ROOT, Server
 
 K8S = ROOT / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.34.0"  # the newest schema kubernetes-validate==1.34.1 ships

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from server.target import read_failed
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import GUNICORN, ROOT, Server, free_port, pid_alive, wait_until
+from tests.support.harness import GUNICORN, ROOT, Server, free_port, pid_alive, wait_until
+from tests.support.models import copy_models
 
 
 def _start_and_fail(tmp_path: Path, env: dict[str, str], args: list[str] = ()) -> tuple[int, str]:
@@ -53,7 +53,7 @@ def test_a_port_in_use_leaves_no_run_directory(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_everything_at_once_and_a_worker_ignores_sigint(model_repo: Path, tmp_path: Path) -> None:
     server = Server(models_dir=copy_models(model_repo, tmp_path / "models", "mlp"), run_dir=tmp_path / "run",
-                    workers=2, new_session=True).start()
+                    workers=2).start()  # in its own session, as a terminal's foreground job
     try:
         worker = server.worker_pids()[0]
         os.kill(worker, signal.SIGINT)  # alone, a worker leaves SIGINT to the master

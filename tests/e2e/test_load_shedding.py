@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from PIL import Image
 
-from tests.e2e.harness import Server
-from tests.e2e.test_metrics import samples, value
+from tests.support.harness import Server
+from tests.support.metrics import samples, value
 
 
 def _slow_body() -> dict:

@@ -5,72 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import ROOT, Server, free_port, wait_until
+from tests.support.harness import ROOT, Server, free_port, wait_until
+from tests.support.metrics import quiet_samples, require_tool, samples, settled_samples, target_health, value
+from tests.support.models import copy_models
 
 CONF_DIR = ROOT / "conf"
-
-
-def _require(tool: str) -> str:
-    """Path of a Debian tool the metrics tests need; skipped outside CI when it is missing."""
-    path = shutil.which(tool)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{tool} is not installed (.ci/run installs it)")
-        pytest.skip(f"{tool} is not installed (apt-get install prometheus)")
-    return path
-
-
-def samples(server: Server) -> dict[tuple[str, frozenset], float]:
-    """One scrape of /metrics as {(sample name, labels): value}."""
-    response = server.get("/metrics")
-    assert response.status_code == 200, response.text
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-    }
-
-
-def value(scrape: dict, name: str, **labels: str) -> float:
-    """The value of one series (0 when absent)."""
-    return scrape.get((name, frozenset(labels.items())), 0.0)
-
-
-def settled_samples(server: Server, done: Callable[[dict], bool], what: str) -> dict:
-    """Scrape until `done(scrape)`: workers write request metrics every half second, not at once."""
-
-    def scrape_when_done() -> dict | None:
-        scrape = samples(server)
-        return scrape if done(scrape) else None
-
-    return wait_until(scrape_when_done, 15, what)
-
-
-def quiet_samples(server: Server) -> dict:
-    """A scrape once every worker has flushed: equal to one taken a second (two flush intervals) later."""
-    previous: dict | None = None  # the first poll only takes the reference scrape
-
-    def unchanged() -> dict | None:
-        nonlocal previous
-        scrape = samples(server)
-        counts = {key: v for key, v in scrape.items() if key[0].endswith(("_total", "_count", "_sum"))
-                  and not key[0].startswith("forkserve_connection_closes")}  # each scrape's own connection counts there
-        same, previous = counts == previous, counts
-        return scrape if same else None
-
-    return wait_until(unchanged, 15, "request metrics to settle", interval=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +31,7 @@ def metrics_server(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def test_scrape_passes_promtool_lint(metrics_server: Server) -> None:
-    promtool = _require("promtool")
+    promtool = require_tool("promtool")
     metrics_server.post("/v1/models/half_plus_two:predict", json={"instances": [1.0]})
     scrape = metrics_server.get("/metrics")
     assert scrape.headers["Content-Type"].startswith("text/plain; version=")
@@ -240,7 +188,7 @@ def test_sigkilled_worker_leaves_the_live_gauges_and_counters_do_not_go_back(met
 
 
 def test_prometheus_sees_exactly_the_requests_sent(tmp_path: Path, metrics_server: Server) -> None:
-    prometheus = _require("prometheus")
+    prometheus = require_tool("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
     target = metrics_server.url.removeprefix("http://")
@@ -265,7 +213,7 @@ def test_prometheus_sees_exactly_the_requests_sent(tmp_path: Path, metrics_serve
 
     try:
         wait_until(lambda: current() is not None, 60, "Prometheus to answer queries")
-        wait_until(lambda: _target_health(port) == "up", 60, "the first successful scrape")
+        wait_until(lambda: target_health(port) == "up", 60, "the first successful scrape")
         sent = 23
         body = {"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}]}
         for _ in range(sent):
@@ -274,12 +222,6 @@ def test_prometheus_sees_exactly_the_requests_sent(tmp_path: Path, metrics_serve
     finally:
         process.terminate()
         process.wait(30)
-
-
-def _target_health(port: int) -> str:
-    """Health of the single scrape target ("unknown" before the first scrape)."""
-    targets = requests.get(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
-    return targets[0]["health"] if targets else "unknown"
 
 
 def test_dashboard_queries_use_only_metrics_that_exist(metrics_server: Server) -> None:
@@ -295,7 +237,7 @@ def test_dashboard_queries_use_only_metrics_that_exist(metrics_server: Server) -
 
 
 def test_shipped_prometheus_config_and_alert_rules_pass_promtool(tmp_path: Path) -> None:
-    promtool = _require("promtool")
+    promtool = require_tool("promtool")
     for args in (["check", "config", "prometheus.yml"], ["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
         result = subprocess.run([promtool, *args], cwd=CONF_DIR, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, (args, result.stdout, result.stderr)

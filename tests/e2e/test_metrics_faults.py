@@ -6,8 +6,9 @@ import shutil
 import signal
 from pathlib import Path
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server
+from tests.support.harness import Server, wait_until
+from tests.support.metrics import quiet_samples, settled_samples, value
+from tests.support.models import copy_models
 
 
 def test_missing_metrics_directory_leaves_serving_intact(model_repo: Path, tmp_path: Path) -> None:
@@ -48,8 +49,12 @@ def test_unusable_metrics_directory_never_stops_a_worker_from_booting(model_repo
         server.stop()
 
 
-def test_full_disk_costs_metrics_never_a_worker(model_repo: Path, tmp_path: Path) -> None:
-    """The run directory on a small tmpfs, filled up after start: requests that add metric series still succeed."""
+def test_full_disk_is_logged_and_counted_and_costs_no_worker_and_no_request_count(model_repo: Path, tmp_path: Path) -> None:
+    """The run directory on a small tmpfs, filled up after start: requests that add metric series still succeed.
+
+    The metric files' blocks were reserved when they were created (compat.reserve_metric_file_blocks), so
+    every request is still counted; the master's probe of the run directory fails, is logged and counted.
+    """
     import os
     import subprocess
 
@@ -68,6 +73,9 @@ def test_full_disk_costs_metrics_never_a_worker(model_repo: Path, tmp_path: Path
     try:
         server.start()
         worker = server.worker_pids()
+        predicted = ("forkserve_requests_total", {"api": "tfserving_predict", "code": "200", "model": "mlp",
+                                                  "protocol": "rest", "version": "1"})
+        before = quiet_samples(server)
         with open(run_dir / "filler", "wb") as filler:  # fill the disk to the last block
             chunk = b"\0" * (1 << 20)
             try:
@@ -85,6 +93,16 @@ def test_full_disk_costs_metrics_never_a_worker(model_repo: Path, tmp_path: Path
             assert server.post("/v2/models/mlp/infer", json=v2).status_code == 200
         assert server.worker_pids() == worker  # no SIGBUS, no restart
         assert server.process.poll() is None
+        full = f"cannot write {run_dir / 'target.json'} (target): [Errno 28] No space left on device"
+        wait_until(lambda: full in server.log(), 30, "the master to log the full run directory")
+        (run_dir / "filler").unlink()
+
+        def counted(scrape: dict) -> float:
+            return value(scrape, predicted[0], **predicted[1]) - value(before, predicted[0], **predicted[1])
+
+        after = settled_samples(server, lambda scrape: counted(scrape) >= 40, "the 40 predictions counted")
+        assert counted(after) == 40
+        assert value(after, "forkserve_run_dir_write_errors_total", file="target") >= 1
     finally:
         server.stop()
         subprocess.run(["umount", "-l", str(run_dir)], capture_output=True)

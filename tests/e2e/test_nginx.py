@@ -12,10 +12,10 @@ import pytest
 import requests
 
 from server.settings import DEFAULT_MAX_BODY_BYTES
-from tests.e2e.conftest import MAX_BODY_BYTES, copy_models
-from tests.e2e.harness import Server, wait_until
-from tests.e2e.nginx import Nginx
-from tests.e2e.traffic import Traffic
+from tests.support.harness import Server, wait_until
+from tests.support.models import MAX_BODY_BYTES, copy_models
+from tests.support.nginx import Nginx
+from tests.support.traffic import Traffic
 
 
 def test_single_upstream_proxies_ids_versions_and_limits(server: Server, tmp_path: Path) -> None:
@@ -83,12 +83,12 @@ def test_requests_keep_succeeding_when_one_instance_is_sigkilled(two_instances: 
     traffic = Traffic(f"{nginx.url}/v1/models/mlp:predict")
     threads = traffic.start(4)
     try:
-        wait_until(lambda: len(traffic.answers) > 50, 30, "traffic through both instances")
-        victim = two_instances[0]
+        victim, survivor = two_instances
+        wait_until(lambda: all(_predictions(s) > 20 for s in two_instances), 30, "traffic through both instances")
         pids = [victim.process.pid, *victim.worker_pids()]
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        killed_at = time.monotonic()
+        killed_at, survivor_before = time.monotonic(), _predictions(survivor)
         wait_until(lambda: len([a for a in traffic.answers if a[0] > killed_at + 1]) > 100, 60, "traffic after the kill")
     finally:
         traffic.stop.set()
@@ -98,6 +98,13 @@ def test_requests_keep_succeeding_when_one_instance_is_sigkilled(two_instances: 
     assert traffic.failures() == []
     after = [a for a in traffic.answers if a[0] > killed_at + 1]
     assert after and all(a[1] == 200 for a in after)
+    # The survivor answered them all (its access log line follows each answer: wait for the last ones).
+    wait_until(lambda: _predictions(survivor) - survivor_before >= len(after), 10, "the survivor's access log")
+
+
+def _predictions(server: Server) -> int:
+    """Predictions this instance answered, from its gunicorn access log."""
+    return server.log().count("POST /v1/models/mlp:predict")
 
 
 def test_slow_and_vanishing_clients_tie_up_no_worker(model_repo: Path, tmp_path: Path) -> None:

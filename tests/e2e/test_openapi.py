@@ -15,8 +15,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server
+from tests.support.harness import Server
+from tests.support.models import copy_models
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 

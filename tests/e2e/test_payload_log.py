@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from server.cli.payloads import log_files, records
-from tests.e2e.filesystems import filled, tmpfs
-from tests.e2e.harness import ROOT, Server, free_port, memory_kib, wait_until
-from tests.e2e.hostile_receiver import HostileReceiver
-from tests.e2e.test_handlers import version_dir
-from tests.e2e.test_metrics import samples, settled_samples, value
+from tests.support.filesystems import filled, tmpfs
+from tests.support.harness import ROOT, Server, free_port, memory_kib, wait_until
+from tests.support.hostile_receiver import HostileReceiver
+from tests.support.metrics import samples, settled_samples, value
+from tests.support.models import version_dir
 
 ROW = [0.5] * 20
 MAX_MB = 0.01  # about 30 records per file: rotation within a test

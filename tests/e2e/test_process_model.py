@@ -7,7 +7,12 @@ import re
 import signal
 from pathlib import Path
 
-from tests.e2e.harness import Server
+import pytest
+
+from tests.support.harness import Server
+
+# These tests stop or kill workers of the session's shared server: it gets them all back whatever happens.
+pytestmark = pytest.mark.usefixtures("restores_workers")
 
 
 def _maps_tensorflow(pid: int) -> bool:

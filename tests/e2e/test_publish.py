@@ -13,14 +13,9 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.conftest import KERAS2, REPO_ROOT
-from tests.e2e.harness import ROOT, wait_until
-
-
-def _cli(*args: str, conf: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the publish command line as a user would (with FORKSERVE_CONF = `conf`, the server's settings)."""
-    env = {**os.environ, **({"FORKSERVE_CONF": str(conf)} if conf else {})}
-    return subprocess.run([sys.executable, "-m", "server", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+from tests.support.cli import forkserve
+from tests.support.harness import ROOT, wait_until
+from tests.support.models import KERAS2, REPO_ROOT
 
 
 def _entries(model_dir: Path) -> list[str]:
@@ -31,10 +26,10 @@ def _entries(model_dir: Path) -> list[str]:
 def test_cli_publishes_the_next_version_readable_and_complete(tmp_path: Path, model_repo: Path) -> None:
     models = tmp_path / "models"
     source = model_repo / "mlp" / "1" / "model.keras"
-    first = _cli("publish", "mlp", str(source), "--models", str(models))
+    first = forkserve("publish", "mlp", str(source), "--models", str(models))
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == "1"
-    second = _cli("publish", "mlp", str(source), "--models", str(models))
+    second = forkserve("publish", "mlp", str(source), "--models", str(models))
     assert second.stdout.strip() == "2"
     assert _entries(models / "mlp") == ["1", "2"]
     published = models / "mlp" / "2" / "model.keras"
@@ -47,7 +42,7 @@ def test_cli_refuses_a_corrupt_file_and_leaves_nothing(tmp_path: Path) -> None:
     (models / "mlp" / "1").mkdir(parents=True)
     corrupt = tmp_path / "model.keras"
     corrupt.write_bytes(b"PK\x03\x04 not really a zip" * 100)
-    result = _cli("publish", "mlp", str(corrupt), "--models", str(models))
+    result = forkserve("publish", "mlp", str(corrupt), "--models", str(models))
     assert result.returncode != 0
     assert "publish failed" in result.stderr and "invalid model" in result.stderr
     assert result.stdout == ""
@@ -80,10 +75,10 @@ print(json.dumps(out))
 
 
 def test_cli_refuses_a_config_naming_an_arbitrary_function(tmp_path: Path) -> None:
-    from tests.e2e.conftest import write_model_naming_a_function
+    from tests.support.models import write_model_naming_a_function
 
     forged = write_model_naming_a_function(REPO_ROOT / "models" / "digits" / "1" / "model.keras", tmp_path / "evil.keras")
-    result = _cli("publish", "evil", str(forged), "--models", str(tmp_path / "models"))
+    result = forkserve("publish", "evil", str(forged), "--models", str(tmp_path / "models"))
     assert result.returncode != 0 and "could not be deserialized" in result.stderr
     assert _entries(tmp_path / "models" / "evil") == []
 
@@ -91,9 +86,9 @@ def test_cli_refuses_a_config_naming_an_arbitrary_function(tmp_path: Path) -> No
 def test_cli_rejects_what_is_not_a_model(tmp_path: Path) -> None:
     readme = tmp_path / "notes.txt"
     readme.write_text("hello")
-    result = _cli("publish", "x", str(readme), "--models", str(tmp_path / "models"))
+    result = forkserve("publish", "x", str(readme), "--models", str(tmp_path / "models"))
     assert result.returncode != 0 and "not a .keras" in result.stderr
-    bad_name = _cli("publish", "../etc", str(KERAS2 / "cnn.h5"), "--models", str(tmp_path / "models"))
+    bad_name = forkserve("publish", "../etc", str(KERAS2 / "cnn.h5"), "--models", str(tmp_path / "models"))
     assert bad_name.returncode != 0 and "invalid model name" in bad_name.stderr
     assert not (tmp_path / "etc").exists()
     shutil.rmtree(tmp_path / "models", ignore_errors=True)
@@ -146,7 +141,7 @@ def test_a_private_source_is_published_readable_by_whoever_reads_the_repository(
     models.chmod(repo_mode)
     source = _private_source()
     try:
-        result = _cli("publish", "digits", str(source), "--models", str(models), conf=shared_dir / "none.toml")
+        result = forkserve("publish", "digits", str(source), "--models", str(models), conf=shared_dir / "none.toml")
     finally:
         shutil.rmtree(source)
     assert result.returncode == 0, result.stderr
@@ -164,7 +159,7 @@ def test_publish_refuses_a_version_the_repository_s_owner_could_not_read(shared_
     models = shared_dir / "models"
     models.mkdir(mode=0o700)
     shutil.chown(models, user="nobody", group="nogroup")  # the server runs as nobody; publish runs as root
-    result = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=shared_dir / "none.toml")
+    result = forkserve("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=shared_dir / "none.toml")
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith("publish failed: the server could not read the published version: ")
     assert "the repository's owner nobody (uid 65534) could not read" in result.stderr and len(result.stderr.splitlines()) == 1
@@ -190,7 +185,7 @@ def test_a_staging_directory_left_by_a_killed_publish_is_removed_by_the_next_one
         publisher.wait(30)
     assert [p for p in _entries(models / "digits") if not p.startswith(".publish-")] == []  # killed before the rename
     assert _entries(models / "digits"), "the killed publish left no staging directory"
-    result = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=shared_dir / "none.toml")
+    result = forkserve("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=shared_dir / "none.toml")
     assert result.returncode == 0, result.stderr
     assert _entries(models / "digits") == ["1"]
     assert "left by a publisher that is gone" in result.stderr
@@ -205,7 +200,7 @@ def test_a_full_repository_is_a_one_line_failure_that_leaves_nothing(tmp_path: P
             pytest.fail(f"cannot mount a tmpfs: {mounted.stderr!r}")
         pytest.skip("mounting a tmpfs needs root")
     try:
-        result = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=tmp_path / "none.toml")
+        result = forkserve("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=tmp_path / "none.toml")
         assert result.returncode == 1 and result.stdout == ""
         assert len(result.stderr.splitlines()) == 1, result.stderr
         assert result.stderr.startswith("publish failed: copying ") and "No space left on device" in result.stderr
@@ -220,12 +215,12 @@ def test_a_plain_file_over_a_version_with_a_handler_is_refused_unless_told(tmp_p
     models = tmp_path / "models"
     shutil.copytree(DIGITS, models / "digits")  # version 2, the newest, has a handler
     conf = REPO_ROOT / "conf" / "models.toml"
-    refused = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=conf)
+    refused = forkserve("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), conf=conf)
     assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
     assert refused.stderr.startswith("publish failed: version 2 of digits has a handler.py and model.keras has none")
     assert "--change-request-shape" in refused.stderr
     assert _entries(models / "digits") == ["1", "2"]
-    told = _cli("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), "--conf", str(conf),
+    told = forkserve("publish", "digits", str(DIGITS / "1" / "model.keras"), "--models", str(models), "--conf", str(conf),
                 "--change-request-shape")
     assert told.returncode == 0 and told.stdout.strip() == "3", told.stderr
     assert sorted(p.name for p in (models / "digits" / "3").iterdir()) == ["model.keras"]
@@ -234,7 +229,7 @@ def test_a_plain_file_over_a_version_with_a_handler_is_refused_unless_told(tmp_p
 def test_a_handler_over_a_plain_version_is_refused_unless_told(tmp_path: Path) -> None:
     models = tmp_path / "models"
     shutil.copytree(DIGITS / "1", models / "digits" / "1")
-    refused = _cli("publish", "digits", str(DIGITS / "2"), "--models", str(models), conf=REPO_ROOT / "conf" / "models.toml")
+    refused = forkserve("publish", "digits", str(DIGITS / "2"), "--models", str(models), conf=REPO_ROOT / "conf" / "models.toml")
     assert refused.returncode == 1, refused.stderr
     assert refused.stderr.startswith("publish failed: 2 has a handler.py and version 1 of digits has none")
     assert _entries(models / "digits") == ["1"]

@@ -21,11 +21,11 @@ import requests
 from server.settings import Settings
 from server.state import read_worker_states
 from server.target import read_failed
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import ROOT, Server, wait_until
-from tests.e2e.nginx import Nginx
-from tests.e2e.test_metrics import samples, value
-from tests.e2e.traffic import BODY, Traffic
+from tests.support.harness import ROOT, Server, wait_until
+from tests.support.metrics import samples, value
+from tests.support.models import copy_models
+from tests.support.nginx import Nginx
+from tests.support.traffic import BODY, Traffic
 
 CLIENTS = 8
 MIN_SECONDS = 30

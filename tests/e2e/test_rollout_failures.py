@@ -17,9 +17,9 @@ import pytest
 
 from server.state import read_worker_states
 from server.target import read_failed
-from tests.e2e.harness import Server, wait_until
-from tests.e2e.test_metrics import samples, value
-from tests.e2e.traffic import Traffic
+from tests.support.harness import Server, wait_until
+from tests.support.metrics import samples, value
+from tests.support.traffic import Traffic
 
 
 @pytest.fixture(scope="module")

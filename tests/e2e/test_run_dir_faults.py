@@ -1,6 +1,6 @@
 """A full or read-only run directory costs state files and metrics, never the master or a worker's boot.
 
-The run directory is a small tmpfs of its own (tests.e2e.filesystems: root only), shared by one
+The run directory is a small tmpfs of its own (tests.support.filesystems: root only), shared by one
 2-worker server for the module; each test leaves it writable and with space again.
 """
 
@@ -16,9 +16,9 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.filesystems import filled, mount_tmpfs, read_only, tmpfs, unmount
-from tests.e2e.harness import GUNICORN, ROOT, Server, free_port, pid_alive, wait_until
+from tests.support.filesystems import filled, mount_tmpfs, read_only, tmpfs, unmount
+from tests.support.harness import GUNICORN, ROOT, Server, free_port, pid_alive, wait_until
+from tests.support.models import copy_models
 
 BODY = {"instances": [[0.5] * 20]}
 BOOT_TIMEOUT = 120.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server
+from tests.support.harness import Server
+from tests.support.models import copy_models
 
 
 def test_planted_symlinks_in_the_run_dir_survive_start_and_stop(model_repo: Path, tmp_path: Path) -> None:

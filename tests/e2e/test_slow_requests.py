@@ -11,8 +11,8 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, wait_until
+from tests.support.harness import Server, wait_until
+from tests.support.models import copy_models
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,9 @@ def server(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """One worker with one request thread, where every request is "slow" and so logged."""
     tmp_path = tmp_path_factory.mktemp("slow")
     repo = copy_models(model_repo, tmp_path / "models", "mlp", "slow")
-    server = Server(models_dir=repo, run_dir=tmp_path / "run", workers=1,
+    conf = tmp_path / "models.toml"
+    conf.write_text("[models.slow]\nmax_batch_size = 1\n")  # its requests are one row: warm-up at 1 row, not up to 64
+    server = Server(models_dir=repo, run_dir=tmp_path / "run", conf_path=conf, workers=1,
                     env={"FORKSERVE_SLOW_REQUEST_MS": "0.001", "FORKSERVE_THREADS": "1"}).start()
     yield server
     server.stop()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from server.repository import scan
-from tests.e2e.conftest import TFSERVING_TESTDATA
+from tests.support.models import TFSERVING_TESTDATA
 
 
 @pytest.fixture(scope="module")

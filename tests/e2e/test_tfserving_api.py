@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import KERAS2
-from tests.e2e.harness import Server
+from tests.support.harness import Server
+from tests.support.models import KERAS2
 
 
 def test_documented_half_plus_two_example(server: Server) -> None:

@@ -34,10 +34,10 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from server.state import read_worker_states
 from tests.certificates import Pair, make_ca, make_cert
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import ROOT, Server, wait_until
-from tests.e2e.test_metrics import samples, value
-from tests.e2e.traffic import Traffic
+from tests.support.harness import ROOT, Server, wait_until
+from tests.support.metrics import samples, value
+from tests.support.models import copy_models
+from tests.support.traffic import Traffic
 
 FEATURES = np.full((2, 20), 0.5, np.float32)
 CLIENT_TIMEOUT = 2  # FORKSERVE_CLIENT_TIMEOUT of tls_server: the deadline of a REST handshake

@@ -23,12 +23,12 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.grpc.service_pb2 import InferTensorContents, ModelInferRequest
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
-from tests.e2e.conftest import copy_models
-from tests.e2e.harness import Server, memory_kib, wait_until
-from tests.e2e.nginx import Nginx
-from tests.e2e.otlp_receiver import Receiver, Span
+from tests.support.models import copy_models
+from tests.support.harness import Server, memory_kib, wait_until
+from tests.support.nginx import Nginx
+from tests.support.otlp_receiver import Receiver, Span
 from server.cli.payloads import records
-from tests.e2e.test_metrics import samples, value
+from tests.support.metrics import samples, value
 
 ROW = [0.5] * 20
 CONF = """
@@ -253,15 +253,17 @@ def test_an_exporter_refusing_or_hanging_never_slows_a_request(traced: Server, r
 
 def test_a_stopping_worker_waits_for_a_hanging_endpoint_briefly(traced: Server, receiver: Receiver) -> None:
     receiver.mode = "hang"
-    assert predict_fast(traced, 5) < 0.5
-    wait_until(lambda: receiver.posts and time.sleep(0.2) is None, 5, "an export in flight")
-    worker = traced.worker_pids()[0]
-    started = time.monotonic()
-    os.kill(worker, signal.SIGTERM)
-    traced.wait_reaped(worker)
-    assert time.monotonic() - started < 6  # gunicorn's own stop plus EXIT_FLUSH_S, not the 1 s timeout per retry
-    receiver.mode = "ok"
-    traced.wait_workers_loaded(1)
+    try:
+        assert predict_fast(traced, 5) < 0.5
+        wait_until(lambda: receiver.posts and time.sleep(0.2) is None, 5, "an export in flight")
+        worker = traced.worker_pids()[0]
+        started = time.monotonic()
+        os.kill(worker, signal.SIGTERM)
+        traced.wait_reaped(worker)
+        assert time.monotonic() - started < 6  # gunicorn's own stop plus EXIT_FLUSH_S, not the 1 s timeout per retry
+    finally:
+        receiver.mode = "ok"
+        traced.wait_workers_loaded(1)  # the module's next tests need the replacement
 
 
 def test_a_collectors_huge_answer_costs_the_worker_no_memory(traced: Server, receiver: Receiver) -> None:
@@ -283,10 +285,13 @@ def test_a_collectors_huge_answer_costs_the_worker_no_memory(traced: Server, rec
 
 def test_an_exporter_that_is_down_never_slows_a_request(traced: Server, receiver: Receiver) -> None:
     before = samples(traced)
-    receiver.close()  # the port refuses from now on
-    assert predict_fast(traced, 20) < 0.5
-    wait_until(lambda: value(samples(traced), DROPPED, reason="export_failed") > value(before, DROPPED, reason="export_failed"),
-               15, "spans dropped (export_failed)")
+    receiver.close()  # the port refuses until it is opened again
+    try:
+        assert predict_fast(traced, 20) < 0.5
+        wait_until(lambda: value(samples(traced), DROPPED, reason="export_failed") > value(before, DROPPED, reason="export_failed"),
+                   15, "spans dropped (export_failed)")
+    finally:
+        receiver.open()
     assert "trace export to " in traced.log()  # reported once a minute, not each retry as the SDK would
     assert "Transient error" not in traced.log() and "Failed to export" not in traced.log()
 

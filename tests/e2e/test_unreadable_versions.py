@@ -16,7 +16,7 @@ import pytest
 
 from server.state import read_worker_states
 from server.target import read_failed
-from tests.e2e.harness import Server, wait_until
+from tests.support.harness import Server, wait_until
 
 USER = "nobody"
 FEATURES = {"instances": [[0.5] * 20]}

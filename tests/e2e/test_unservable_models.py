@@ -15,8 +15,8 @@ import pytest
 
 from server.state import read_worker_states
 from server.target import read_failed, read_target
-from tests.e2e.harness import Server, wait_until
-from tests.e2e.test_metrics import samples, value
+from tests.support.harness import Server, wait_until
+from tests.support.metrics import samples, value
 
 HANDLER = '''
 import numpy as np

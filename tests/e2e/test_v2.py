@@ -8,8 +8,8 @@ import requests
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import KERAS2
-from tests.e2e.harness import Server
+from tests.support.harness import Server
+from tests.support.models import KERAS2
 
 
 @pytest.fixture(scope="module")

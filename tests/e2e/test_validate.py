@@ -7,7 +7,6 @@ is one line on stderr, whatever the model or its handler raises.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,16 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO_ROOT
-from tests.e2e.harness import ROOT
+from tests.support.cli import forkserve
+from tests.support.harness import ROOT
+from tests.support.models import REPO_ROOT
 
 DIGITS = REPO_ROOT / "models" / "digits"
-
-
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run forkserve's command line as a user would."""
-    return subprocess.run([sys.executable, "-m", "server", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
 
 
 def _handler_version(root: Path, handler: str) -> Path:
@@ -48,13 +42,13 @@ def _lines(result: subprocess.CompletedProcess) -> list[str]:
 
 def test_a_handler_for_a_model_without_handler_true_is_refused_with_the_server_s_reason(tmp_path: Path) -> None:
     source, models = DIGITS / "2", tmp_path / "models"
-    refused = _cli("publish", "scanner", str(source), "--models", str(models), env={"FORKSERVE_CONF": _conf(tmp_path / "off.toml", "")})
+    refused = forkserve("publish", "scanner", str(source), "--models", str(models), env={"FORKSERVE_CONF": _conf(tmp_path / "off.toml", "")})
     assert refused.returncode == 1 and len(_lines(refused)) == 1, refused.stderr
     assert ("invalid model: handler: version 1 has a handler.py, but handlers are off for model scanner "
             "(set handler = true under [models.scanner]") in refused.stderr
     assert not (models / "scanner" / "1").exists()
     on = _conf(tmp_path / "on.toml", "[models.scanner]\nhandler = true\n")  # --conf: over $FORKSERVE_CONF
-    accepted = _cli("publish", "scanner", str(source), "--models", str(models), "--conf", on,
+    accepted = forkserve("publish", "scanner", str(source), "--models", str(models), "--conf", on,
                     env={"FORKSERVE_CONF": str(tmp_path / "off.toml")})
     assert accepted.returncode == 0 and accepted.stdout.strip() == "1", accepted.stderr
 
@@ -79,11 +73,11 @@ def _one_row_savedmodel(path: Path) -> Path:
 def test_warm_up_uses_the_model_s_batch_buckets(tmp_path: Path) -> None:
     source, models = _one_row_savedmodel(tmp_path / "one_row"), tmp_path / "models"
     # The defaults batch up to 64 rows: the server's warm-up fails at 2, so publish refuses it.
-    refused = _cli("publish", "one_row", str(source), "--models", str(models), env={"FORKSERVE_CONF": _conf(tmp_path / "default.toml", "")})
+    refused = forkserve("publish", "one_row", str(source), "--models", str(models), env={"FORKSERVE_CONF": _conf(tmp_path / "default.toml", "")})
     assert refused.returncode == 1 and len(_lines(refused)) == 1, refused.stderr
     assert "invalid model:" in refused.stderr and "warm-up at the batch sizes [1, 2, 4, 8, 16, 32, 64] failed" in refused.stderr
     single = _conf(tmp_path / "single.toml", "[models.one_row]\nmax_batch_size = 1\n")
-    accepted = _cli("publish", "one_row", str(source), "--models", str(models), "--conf", single)
+    accepted = forkserve("publish", "one_row", str(source), "--models", str(models), "--conf", single)
     assert accepted.returncode == 0 and accepted.stdout.strip() == "1", accepted.stderr
 
 
@@ -107,11 +101,11 @@ class Handler:
 def test_the_handler_s_example_runs_with_the_model_s_image_settings(tmp_path: Path) -> None:
     source = _handler_version(tmp_path, POSTPROCESS_ONLY)  # the example is a 32x32 PNG
     small = _conf(tmp_path / "small.toml", "[models.pix]\nhandler = true\nmax_image_pixels = 100\n")
-    refused = _cli("publish", "pix", str(source), "--models", str(tmp_path / "models"), env={"FORKSERVE_CONF": small})
+    refused = forkserve("publish", "pix", str(source), "--models", str(tmp_path / "models"), env={"FORKSERVE_CONF": small})
     assert refused.returncode == 1 and len(_lines(refused)) == 1, refused.stderr
     assert "invalid model: handler: Handler.example failed:" in refused.stderr and "pixels" in refused.stderr
     usual = _conf(tmp_path / "usual.toml", "[models.pix]\nhandler = true\nimage_resize = \"box\"\n")
-    accepted = _cli("validate", "pix", str(source), "--models", str(tmp_path / "models"), "--conf", usual)
+    accepted = forkserve("validate", "pix", str(source), "--models", str(tmp_path / "models"), "--conf", usual)
     assert accepted.returncode == 0, accepted.stderr
     assert json.loads(accepted.stdout)["handler"]["postprocess"] is True
     assert _lines(accepted)[-1].endswith(f"is valid as the next version of pix (settings from {usual})")
@@ -128,7 +122,7 @@ def test_a_handler_without_an_example_is_published_with_a_one_line_warning(tmp_p
         "        return [body]  # not a dict: every request would fail; nothing runs it at publish\n"
     ))
     conf = _conf(tmp_path / "on.toml", "[models.noex]\nhandler = true\n")
-    result = _cli("publish", "noex", str(source), "--models", str(tmp_path / "models"), env={"FORKSERVE_CONF": conf})
+    result = forkserve("publish", "noex", str(source), "--models", str(tmp_path / "models"), env={"FORKSERVE_CONF": conf})
     assert result.returncode == 0 and result.stdout.strip() == "1", result.stderr
     warning, published = _lines(result)
     assert warning == ("publish: warning: handler.py has no example, so preprocess, the model call and postprocess were "
@@ -153,7 +147,7 @@ def test_a_handler_without_an_example_is_published_with_a_one_line_warning(tmp_p
 def test_whatever_a_handler_raises_publish_fails_with_one_line(tmp_path: Path, handler: str, reason: str) -> None:
     source, models = _handler_version(tmp_path, handler), tmp_path / "models"
     conf = _conf(tmp_path / "on.toml", "[models.bad]\nhandler = true\n")
-    result = _cli("publish", "bad", str(source), "--models", str(models), env={"FORKSERVE_CONF": conf})
+    result = forkserve("publish", "bad", str(source), "--models", str(models), env={"FORKSERVE_CONF": conf})
     assert result.returncode == 1 and result.stdout == ""
     assert _lines(result) == [_lines(result)[0]] and _lines(result)[0].startswith(f"publish failed: {source}: "), result.stderr
     assert reason in result.stderr
@@ -163,7 +157,7 @@ def test_whatever_a_handler_raises_publish_fails_with_one_line(tmp_path: Path, h
 def test_validate_prints_its_verdict_when_the_handler_exits(tmp_path: Path) -> None:
     source = _handler_version(tmp_path, "class Handler:\n    def setup(self, version_dir):\n        raise SystemExit(3)\n")
     conf = _conf(tmp_path / "on.toml", "[models.bad]\nhandler = true\n")
-    result = _cli("validate", "bad", str(source), "--models", str(tmp_path / "models"), "--conf", conf)
+    result = forkserve("validate", "bad", str(source), "--models", str(tmp_path / "models"), "--conf", conf)
     assert result.returncode == 1 and result.stdout == ""
     assert len(_lines(result)) == 1
     assert _lines(result)[0].startswith(f"validate: {source}: invalid model: handler: Handler setup failed: SystemExit: 3")

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,9 +29,10 @@ from tensorflow_serving.apis import (
 
 from server.models.warmup_records import WARMUP_FILE
 from server.target import read_failed
-from tests.e2e.conftest import TFSERVING_TESTDATA
-from tests.e2e.harness import ROOT, Server, wait_until
-from tests.e2e.traffic import Traffic
+from tests.support.cli import forkserve
+from tests.support.harness import Server, wait_until
+from tests.support.models import TFSERVING_TESTDATA
+from tests.support.traffic import Traffic
 
 HALF_PLUS_TWO = TFSERVING_TESTDATA / "saved_model_half_plus_two_cpu" / "00000123"
 WRONG_DTYPE = "input 'x' is DT_INT32; signature 'serving_default' takes DT_FLOAT"
@@ -162,8 +162,7 @@ def test_a_rollout_fails_a_version_with_a_refused_record_and_serves_the_next_goo
 # --- publish and validate replay them too ---------------------------------------------------------
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "FORKSERVE_CONF": "/nonexistent/models.toml"})
+    return forkserve(*args, conf=Path("/nonexistent/models.toml"))
 
 
 def test_validate_and_publish_refuse_a_refused_record_and_accept_a_good_file(tmp_path: Path) -> None:

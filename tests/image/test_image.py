@@ -21,8 +21,8 @@ from typing import Iterator
 import pytest
 import requests
 
-from tests.e2e.harness import ROOT, free_port, wait_until
-from tests.e2e.traffic import Traffic
+from tests.support.harness import ROOT, free_port, wait_until
+from tests.support.traffic import Traffic
 
 IMAGE = "localhost/forkserve:test"
 BASE = "localhost/forkserve-base:bookworm"

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from server import compat
-from tests.e2e.filesystems import filled, tmpfs
+from tests.support.filesystems import filled, tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 

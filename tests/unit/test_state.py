@@ -26,7 +26,7 @@ from server.state import (
     write_json,
     write_worker_state,
 )
-from tests.e2e.harness import wait_until
+from tests.support.harness import wait_until
 
 
 def test_a_state_round_trips_loading_then_loaded(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from bench.grpc_load import ECHO_METHOD, HALF_FAIL_METHOD, GrpcCall, checked_call, frame, run_h2load, start_echo
-from tests.e2e.harness import free_port
+from tests.support.harness import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("h2load") is None, reason="h2load (nghttp2-client) is not installed")
 

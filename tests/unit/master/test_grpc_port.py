@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from server.master.grpc_port import PortTaken, claim, migrate_warning, problem_with
-from tests.e2e.harness import pid_alive, wait_until
+from tests.support.harness import pid_alive, wait_until
 
 
 def _listener(reuseport: bool = False) -> socket.socket:

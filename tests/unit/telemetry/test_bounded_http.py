@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from server.telemetry.bounded_http import MAX_BYTES, BoundedSession, total_seconds
-from tests.e2e.hostile_receiver import HostileReceiver
+from tests.support.hostile_receiver import HostileReceiver
 
 BIG = 256 << 20
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.telemetry.files import compact_dead_process, scrape
-from tests.e2e.filesystems import filled, tmpfs
+from tests.support.filesystems import filled, tmpfs
 
 WORKER = """
 from prometheus_client import Counter, Gauge, Histogram

@@ -106,7 +106,7 @@ def test_the_exporter_forkserve_builds_is_bounded_by_a_hostile_collector(mode: s
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace import TracerProvider
 
-    from tests.e2e.hostile_receiver import HostileReceiver
+    from tests.support.hostile_receiver import HostileReceiver
 
     span = TracerProvider().get_tracer("t").start_span("x")
     span.end()

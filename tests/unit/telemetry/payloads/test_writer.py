@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+from prometheus_client import REGISTRY
+
 from server.cli.payloads import log_files, records
-from server.telemetry.payloads import capture, record
+from server.telemetry.lines import LineLimit
+from server.telemetry.payloads import capture, record, writer
 from server.telemetry.payloads.capture import Capture, Redaction, Sampled
 from server.telemetry.payloads.file_sink import KEEP, FileSink
 from server.telemetry.payloads.writer import Writer
-from tests.e2e.harness import wait_until
+from tests.support.harness import wait_until
 
 
 class Answered:
@@ -92,8 +97,18 @@ class Failing:
         raise OSError(28, "No space left on device")
 
 
-def test_a_failing_sink_never_raises() -> None:
-    Writer(Failing(), 4).write(sampled())  # counted and logged, not raised
+def _dropped(reason: str) -> float:
+    return REGISTRY.get_sample_value("forkserve_payload_log_dropped_total", {"reason": reason}) or 0.0
+
+
+def test_a_failing_sink_never_raises_and_counts_and_logs_the_record(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(writer, "LOG_LIMIT", LineLimit(per_second=1))  # no earlier test's warning in this second
+    before = _dropped("write_failed")
+    with caplog.at_level(logging.WARNING, logger="forkserve.payloads"):
+        assert Writer(Failing(), 4).write(sampled("r-full")) is False
+    assert _dropped("write_failed") == before + 1
+    assert "payload record of request r-full not written: [Errno 28] No space left on device" in caplog.text
 
 
 class Blocked:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.e2e.harness import ROOT, free_port, wait_until
+from tests.support.harness import ROOT, free_port, wait_until
 
 
 def nginx_binary() -> str:

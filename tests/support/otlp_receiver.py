@@ -12,7 +12,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-
 HUGE = 256 << 20
 ZEROS = b"\0" * (1 << 20)
 
@@ -92,10 +91,17 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._handler = Handler
+        self.port = 0
+        self.open()
+        self.endpoint = f"http://127.0.0.1:{self.port}/v1/traces"
+
+    def open(self) -> None:
+        """Listen (again, after close(): on the same port, so a server's endpoint reaches it again)."""
+        self._release.clear()
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}/v1/traces"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 

@@ -55,6 +55,21 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live processes (zombies excluded) of the process group `pgid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return sorted(found)
+
+
 @dataclass
 class Server:
     """One gunicorn master started from the repository root with gunicorn.conf.py."""
@@ -65,7 +80,6 @@ class Server:
     workers: int = 2
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    new_session: bool = False  # its own process group, as a terminal's foreground job has
     user: str | None = None  # run as this user (setpriv; its directories must be reachable by it)
     port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)  # FORKSERVE_GRPC_BIND (env can override it, "" turns gRPC off)
@@ -84,7 +98,11 @@ class Server:
         return f"127.0.0.1:{self.grpc_port}"
 
     def start(self, timeout: float = 180.0) -> "Server":
-        """Start gunicorn and wait until every worker has loaded its models (timeout 0: do not wait)."""
+        """Start gunicorn in a session of its own and wait until every worker has loaded (timeout 0: do not wait).
+
+        Its own session makes the master's pid the group of every worker, so a failed start and stop() can
+        kill them all; a start that fails or times out kills the group before it raises.
+        """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_path or self.run_dir / "gunicorn.log"
         env = {
@@ -105,14 +123,28 @@ class Server:
             env["HOME"] = str(self.run_dir)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=self.new_session)
+                                            start_new_session=True)
         if timeout:
-            self.wait_workers_loaded(self.workers, timeout)
+            try:
+                self.wait_workers_loaded(self.workers, timeout)
+            except BaseException:
+                self.kill()
+                raise
         return self
 
     def worker_pids(self) -> list[int]:
         """Live workers that finished loading (and so accept requests)."""
         return sorted(pid for pid, state in read_worker_states(self.run_dir).items() if state.loaded and pid_alive(pid))
+
+    def serving(self, model: str) -> dict[int, list[int]]:
+        """pid -> the versions of `model` each live, loaded worker serves."""
+        states = read_worker_states(self.run_dir)
+        return {pid: states[pid].serving(model) for pid in self.worker_pids() if pid in states}
+
+    def all_serve(self, model: str, versions: list[int], count: int | None = None) -> bool:
+        """Exactly `count` (default: self.workers) live workers, each serving exactly `versions` of `model`."""
+        serving = self.serving(model)
+        return len(serving) == (self.workers if count is None else count) and all(v == versions for v in serving.values())
 
     def children(self) -> list[int]:
         """Every live process the master forked (workers still loading included)."""
@@ -160,15 +192,33 @@ class Server:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """Graceful stop (TERM), then KILL if it does not exit in time."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGTERM)
+        """Graceful stop (TERM to the master), KILL if it does not exit in time; then KILL what is left of its group."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        self._kill_group()  # workers that outlive their master (stopped, killed master) would leak otherwise
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """KILL the master and every process of its group at once, and reap the master."""
+        if self.process is None:
+            return
+        self._kill_group()
+        self.process.wait(30)
+
+    def _kill_group(self) -> None:
+        assert self.process is not None
         try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(timeout)
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the group is empty: every process of it has exited
+            return
+        wait_until(lambda: not group_members(self.process.pid), 30, f"process group {self.process.pid} to exit")
 
     def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs.setdefault("timeout", 30)

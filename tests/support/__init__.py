@@ -1,0 +1,1 @@
+"""What the tests share: the server harness, model repositories, traffic, scrapes, fake receivers, file systems."""
