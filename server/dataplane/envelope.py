@@ -7,8 +7,6 @@ same way. Runs on the thread (or, for gRPC, the event loop) that answers the req
 
 from __future__ import annotations
 
-from typing import Any
-
 from server.models.registry import ModelVersion
 from server.telemetry import measure
 from server.telemetry.payloads import capture
@@ -24,13 +22,12 @@ def serving(served: ModelVersion) -> None:
         capture.sample(measure.current(), served)
 
 
-def finish(status: int, body: bytes | None, is_json: bool) -> Any:
+def finish(status: int, body: bytes | None, is_json: bool) -> None:
     """The answer is known: count and time the request, end its span, hand a sampled request's payloads to the writer.
 
-    `body`: what the client gets (None: not kept, e.g. a streamed response). Returns the request's Inference (or None).
+    `body`: what the client gets (None: not kept, e.g. a streamed response).
     """
     inference = measure.current()
     measure.record(status)
     if inference is not None and inference.payload is not None and body is not None:
         inference.payload.submit(inference, status, body, is_json)
-    return inference
