@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test unit e2e install install-dev system-deps protos lint diagrams clean bench-peers image-test
+.PHONY: run test unit e2e install install-dev install-tools system-deps protos lint diagrams clean bench-peers image-test
 
 # What serving needs (requirements.txt), and forkserve itself so `python -m server` works from any directory.
 $(BIN)/.serving: requirements.txt requirements-nodeps.txt pyproject.toml
@@ -19,9 +19,16 @@ $(BIN)/.testing: $(BIN)/.serving requirements-dev.txt
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 
+# Plus what retrains the bundled models and draws the benchmarks' charts (requirements-tools.txt).
+$(BIN)/.tools: $(BIN)/.testing requirements-tools.txt
+	$(BIN)/pip install --quiet -r requirements-tools.txt
+	touch $@
+
 install: $(BIN)/.serving
 
 install-dev: $(BIN)/.testing
+
+install-tools: $(BIN)/.tools
 
 system-deps:
 	scripts/install-system-deps.sh
@@ -30,13 +37,13 @@ run: install
 	$(BIN)/gunicorn -c gunicorn.conf.py
 
 test: install-dev system-deps
-	$(BIN)/python -m pytest --durations=20
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=20
 
 unit: install-dev
 	$(BIN)/python -m pytest tests/unit
 
 e2e: install-dev system-deps
-	$(BIN)/python -m pytest tests/e2e
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests/e2e
 
 # server/protocols/v2/protos/open_inference_pb2.py, committed, from the .proto beside them (tests/unit/rpc/test_messages.py checks).
 protos: install-dev
@@ -51,7 +58,7 @@ lint: install-dev
 	.peers/$*/bin/pip install --quiet -r $<
 	touch $@
 
-bench-peers: install-dev system-deps .peers/mlserver/.installed .peers/kserve/.installed
+bench-peers: install-tools system-deps .peers/mlserver/.installed .peers/kserve/.installed
 	$(BIN)/python -m bench.peers
 
 # Builds the container image with podman on a bookworm base made by debootstrap, then runs it

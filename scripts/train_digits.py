@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the small 8x8 digits CNN demo model and write an example request PNG."""
+"""Train the small 8x8 digits CNN demo model and write an example request PNG (needs `make install-tools`)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 The model sees standardised features; the statistics it was trained with go to
 version/assets/stats.json and the class names to version/assets/labels.txt, so the Flask app
 (flask_app.py) and the forkserve handler (version/handler.py) both scale requests the same way.
-Writes version/model.keras, version/assets/{stats.json,labels.txt} and sample.json.
+Writes version/model.keras, version/assets/{stats.json,labels.txt} and sample.json. Needs `make install-tools`.
 """
 
 from __future__ import annotations

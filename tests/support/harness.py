@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import signal
 import socket
 import subprocess
@@ -21,11 +22,27 @@ ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = Path(sys.executable).with_name("gunicorn")
 
 
+PORTS_PER_PROCESS = 2000  # each pytest-xdist worker draws from a block of its own, below the kernel's ephemeral range
+FIRST_PORT = 12000
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 nobody uses right now, that no outgoing connection and no other test process will take.
+
+    A port the kernel hands out (bind to 0) comes from the ephemeral range, which every outgoing
+    connection draws from too: one could take it in the second between the choice and gunicorn's
+    bind. Below that range (32768 here) and in this process's own block, nothing else does.
+    """
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    first = FIRST_PORT + worker * PORTS_PER_PROCESS
+    for port in random.sample(range(first, first + PORTS_PER_PROCESS), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a port with connections in TIME_WAIT is skipped too
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}..{first + PORTS_PER_PROCESS - 1}")
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
