@@ -37,13 +37,13 @@ run: install
 	$(BIN)/gunicorn -c gunicorn.conf.py
 
 test: install-dev system-deps
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=20
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 unit: install-dev
 	$(BIN)/python -m pytest tests/unit
 
 e2e: install-dev system-deps
-	$(BIN)/python -m pytest -n 2 --dist loadfile tests/e2e
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests/e2e
 
 # server/protocols/v2/protos/open_inference_pb2.py, committed, from the .proto beside them (tests/unit/rpc/test_messages.py checks).
 protos: install-dev

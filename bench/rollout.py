@@ -42,7 +42,7 @@ def main() -> None:
     shutil.copytree(files["mlp"].parent, work / "models" / "mlp" / "1")
     server = Server(models_dir=work / "models", run_dir=work / "run", workers=2, env={"FORKSERVE_POLL_INTERVAL": "0.5"}).start()
     nginx = Nginx(work / "nginx", [server.port])
-    traffic = Traffic(f"{nginx.url}/v1/models/mlp:predict")
+    traffic = Traffic(f"{nginx.url}/v1/models/mlp:predict", pause=0.0)  # a closed loop: as many requests as it can
     threads = traffic.start(args.clients)
     try:
         time.sleep(2)  # let connections and caches warm before measuring

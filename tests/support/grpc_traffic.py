@@ -1,6 +1,6 @@
-"""Closed-loop gRPC clients of the unmodified libraries (tensorflow-serving-api, tritonclient.grpc) that record every answer.
+"""gRPC clients of the unmodified libraries (tensorflow-serving-api, tritonclient.grpc) that record every answer.
 
-Importing this imports tritonclient, so a module that does never imports server.rpc.protos.
+Importing this imports tritonclient, so a module that does never imports server.protocols.v2.protos.
 """
 
 from __future__ import annotations
@@ -43,13 +43,14 @@ def loopback_clients(port: int, per_library: int, with_triton: bool = True) -> l
 
 @dataclass
 class GrpcTraffic:
-    """One thread per client, each on one channel kept until stop, calling mlp in a loop; every answer recorded."""
+    """One thread per client, each on one channel kept until stop, calling mlp `pause` seconds apart; every answer recorded."""
 
     clients: list[tuple[str, str]]  # (library: "tfs" or "triton", target)
     stop: threading.Event = field(default_factory=threading.Event)
     answers: list[Answer] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     threads: list[threading.Thread] = field(default_factory=list)
+    pause: float = 0.05  # each client's think time between calls, as tests.support.traffic.Traffic's
 
     def _record(self, answer: Answer) -> None:
         with self.lock:
@@ -69,6 +70,7 @@ class GrpcTraffic:
                                         dict(call.trailing_metadata())["x-forkserve-worker"]))
                 except grpc.RpcError as exc:
                     self._record(Answer(started, time.monotonic(), name, exc.code().name, details=exc.details() or ""))
+                self.stop.wait(self.pause)
 
     def _triton(self, name: str, target: str) -> None:
         client = triton.InferenceServerClient(target)
@@ -82,6 +84,7 @@ class GrpcTraffic:
                     self._record(Answer(started, time.monotonic(), name, "OK", version))
                 except InferenceServerException as exc:
                     self._record(Answer(started, time.monotonic(), name, str(exc.status() or "?"), details=exc.message()))
+                self.stop.wait(self.pause)
         finally:
             client.close()
 
