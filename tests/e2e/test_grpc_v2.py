@@ -85,12 +85,22 @@ def typed_request(model: str, arrays: dict[str, np.ndarray], version: str = "") 
     return request
 
 
-def typed_outputs(response: service_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
-    assert not response.raw_output_contents  # typed in, typed out
+def raw_outputs(response: service_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
+    """The answer's outputs read from raw_output_contents, as a client written against Triton reads them."""
+    assert len(response.raw_output_contents) == len(response.outputs)  # raw always, typed inputs or not
+    assert not any(output.HasField("contents") for output in response.outputs)
     found = {}
-    for output in response.outputs:
-        values = output.contents.bytes_contents if output.datatype == "BYTES" else output.contents.fp32_contents
-        found[output.name] = np.array(list(values), dtype=object if output.datatype == "BYTES" else np.float32).reshape(list(output.shape))
+    for output, raw in zip(response.outputs, response.raw_output_contents):
+        if output.datatype == "BYTES":  # each element: a 4-byte little-endian length, then its bytes
+            elements, at = [], 0
+            while at < len(raw):
+                size = int.from_bytes(raw[at:at + 4], "little")
+                elements.append(raw[at + 4:at + 4 + size])
+                at += 4 + size
+            array = np.array(elements, dtype=object)
+        else:
+            array = np.frombuffer(raw, dtype="<f4")
+        found[output.name] = array.reshape(list(output.shape))
     return found
 
 
@@ -136,7 +146,7 @@ def test_model_metadata_is_rest_s(client: triton.InferenceServerClient, server: 
 def test_infer_raw_and_typed_equal_rest(client: triton.InferenceServerClient, stub: Any, server: Server, model: str) -> None:
     arrays = sample_inputs(server, model)
     expected = rest_infer(server, model, arrays)
-    # tritonclient sends raw_input_contents (and so gets raw_output_contents back) by default
+    # tritonclient sends raw_input_contents by default
     inputs = triton_inputs(arrays)
     assert all(tensor._get_content() is not None and not tensor._get_tensor().HasField("contents") for tensor in inputs)
     result = client.infer(model, inputs, request_id="r-1")
@@ -144,8 +154,8 @@ def test_infer_raw_and_typed_equal_rest(client: triton.InferenceServerClient, st
     assert len(response.raw_output_contents) == len(response.outputs) == len(expected)
     assert response.id == "r-1" and response.model_name == model
     assert_same({name: result.as_numpy(name) for name in expected}, expected)
-    # the protocol's typed contents, built by hand, get typed contents back
-    assert_same(typed_outputs(stub.ModelInfer(typed_request(model, arrays), timeout=30)), expected)
+    # the protocol's typed contents, built by hand, get raw outputs back, as from Triton
+    assert_same(raw_outputs(stub.ModelInfer(typed_request(model, arrays), timeout=30)), expected)
 
 
 def test_model_version_and_requested_outputs(client: triton.InferenceServerClient, stub: Any, server: Server) -> None:
@@ -178,7 +188,7 @@ def test_signature_name_parameter_and_bytes_tensors(client: triton.InferenceServ
         assert_same({name: result.as_numpy(name) for name in outputs}, expected)
         request = typed_request("half_plus_two", arrays)
         request.parameters["signature_name"].string_param = signature
-        assert_same(typed_outputs(stub.ModelInfer(request, timeout=30)), expected)
+        assert_same(raw_outputs(stub.ModelInfer(request, timeout=30)), expected)
     np.testing.assert_array_equal(expected["scores"], [[2.5], [4.0]])  # classify's scores: x / 2 + 2
 
 
@@ -190,7 +200,7 @@ def test_a_string_input_model_raw_and_typed(client: triton.InferenceServerClient
     assert raw[:7] == struct.pack("<I", 3) + b"cat"  # BYTES go raw as 4-byte little-endian lengths + bytes
     result = client.infer("words", request)
     assert_same({"score": result.as_numpy("score")}, expected)
-    assert_same(typed_outputs(stub.ModelInfer(typed_request("words", arrays), timeout=30)), expected)
+    assert_same(raw_outputs(stub.ModelInfer(typed_request("words", arrays), timeout=30)), expected)
     np.testing.assert_array_equal(expected["score"][1], expected["score"][2])  # both out of the vocabulary
 
 

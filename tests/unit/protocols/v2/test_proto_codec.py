@@ -77,17 +77,12 @@ def test_raw_contents_are_little_endian_values_read_in_place(datatype: str) -> N
 
 
 @pytest.mark.parametrize("datatype", list(SAMPLES))
-def test_outputs_round_trip_raw_and_typed(datatype: str) -> None:
+def test_outputs_round_trip_raw(datatype: str) -> None:
     dtype, values = SAMPLES[datatype]
     array = np.array(values, dtype=dtype).reshape(2, 2)
     raw = proto_codec.raw_bytes(array)
     assert raw == array.astype(np.dtype(dtype).newbyteorder("<")).tobytes()
     np.testing.assert_array_equal(decode(tensor("x", datatype, [2, 2]), raw, info(dtype)), array)
-    assert proto_codec.has_contents_field(datatype) == (datatype != "FP16")
-    if datatype != "FP16":
-        output = service_pb2.ModelInferResponse.InferOutputTensor(name="y", datatype=datatype, shape=[2, 2])
-        proto_codec.fill_contents(array, datatype, output.contents)
-        np.testing.assert_array_equal(np.array(getattr(output.contents, proto_codec.CONTENTS[datatype]), dtype=dtype), array.reshape(-1))
 
 
 def test_bytes_typed_and_raw_with_length_prefixes() -> None:
@@ -101,9 +96,6 @@ def test_bytes_typed_and_raw_with_length_prefixes() -> None:
     # outputs: bytes as they are, other objects as their text
     assert proto_codec.raw_bytes(np.array([[b"cat"], [b""]], dtype=object)) == b"\x03\x00\x00\x00cat\x00\x00\x00\x00"
     assert proto_codec.raw_bytes(np.array(["é"], dtype=object)) == b"\x02\x00\x00\x00" + "é".encode()
-    output = service_pb2.ModelInferResponse.InferOutputTensor(name="y", datatype="BYTES", shape=[2])
-    proto_codec.fill_contents(np.array([b"a", "b"], dtype=object), "BYTES", output.contents)
-    assert list(output.contents.bytes_contents) == [b"a", b"b"]
 
 
 def test_an_empty_tensor_is_fine_typed_and_raw() -> None:
@@ -265,15 +257,15 @@ def test_requested_outputs_are_the_signatures_and_never_twice() -> None:
         proto_codec.requested_outputs(service_pb2.ModelInferRequest(outputs=[{"name": "z"}]), SIGNATURE)
 
 
-def test_the_response_is_typed_unless_raw_was_sent_asked_or_needed() -> None:
+def test_the_response_is_raw_even_for_typed_inputs_as_triton_answers() -> None:
     outputs = {"y": np.array([[0.5, 1.5]], np.float32), "h": np.array([1.0], np.float16)}
-    typed = service_pb2.ModelInferResponse()
-    proto_codec.encode_response(infer_request(), typed, "m", 3, SIGNATURE, outputs, ["y"])
-    assert (typed.model_name, typed.model_version, typed.id) == ("m", "3", "call-1")
-    assert list(typed.outputs[0].contents.fp32_contents) == [0.5, 1.5] and not typed.raw_output_contents
     asked = service_pb2.ModelInferResponse()
-    proto_codec.encode_response(infer_request(binary_data_output=True), asked, "m", 3, SIGNATURE, outputs, ["y"])
+    proto_codec.encode_response(infer_request(), asked, "m", 3, SIGNATURE, outputs, ["y"])  # typed contents in
+    assert (asked.model_name, asked.model_version, asked.id) == ("m", "3", "call-1")
+    assert [(o.name, o.datatype, list(o.shape)) for o in asked.outputs] == [("y", "FP32", [1, 2])]
     assert asked.raw_output_contents == [outputs["y"].tobytes()]
-    needed = service_pb2.ModelInferResponse()  # FP16 has no typed field: every output goes raw
-    proto_codec.encode_response(infer_request(), needed, "m", 3, SIGNATURE, outputs, [])
-    assert [o.name for o in needed.outputs] == ["y", "h"] and len(needed.raw_output_contents) == 2
+    assert not asked.outputs[0].HasField("contents")  # the protocol forbids both forms in one answer
+    every = service_pb2.ModelInferResponse()  # none asked: every output, in the signature's order
+    proto_codec.encode_response(infer_request(), every, "m", 3, SIGNATURE, outputs, [])
+    assert [(o.name, o.datatype) for o in every.outputs] == [("y", "FP32"), ("h", "FP16")]
+    assert every.raw_output_contents == [outputs["y"].tobytes(), outputs["h"].tobytes()]
