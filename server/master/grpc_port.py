@@ -82,7 +82,9 @@ def migrate_warning(path: Path = MIGRATE_REQ) -> str | None:
     NOTE: a worker that stops (a rollout, a restart, the balancer moving connections) closes its
     gRPC listening sockets; with net.ipv4.tcp_migrate_req = 0 (Linux's default) the connections
     the kernel had queued on them, handshake done but not yet accepted, are reset, and those
-    clients' calls fail with UNAVAILABLE. With 1 the kernel moves them to another worker's socket.
+    clients' calls fail with UNAVAILABLE. A worker that stops on its own first lets its queue be
+    accepted (server.rpc.sockets.pause); a killed or stalled one cannot. With 1 the kernel moves
+    them to another worker's socket.
     """
     try:
         value = path.read_text().strip()
@@ -90,5 +92,5 @@ def migrate_warning(path: Path = MIGRATE_REQ) -> str | None:
         return None  # a kernel older than 5.14: no migration to turn on
     if value != "0":
         return None
-    return ("net.ipv4.tcp_migrate_req is 0: gRPC connections queued on a stopping worker's listener are reset "
+    return ("net.ipv4.tcp_migrate_req is 0: gRPC connections queued on a killed or stalled worker's listener are reset "
             "(set it to 1: sysctl -w net.ipv4.tcp_migrate_req=1, or the pod's securityContext.sysctls)")

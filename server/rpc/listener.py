@@ -131,7 +131,7 @@ class GrpcListener:
                 shard = await self._new_shard()
                 self.shards.append(shard)
                 if self.stopping_now:  # NOTE: a stop that came while the shards started must not find one listening
-                    self._pause(shard, time.monotonic())
+                    await self._pause(shard, time.monotonic())
         except BaseException:
             for shard in self.shards:  # NOTE: a worker that reports not ready must not serve gRPC on part of its shards
                 await shard.server.stop(0)
@@ -202,7 +202,7 @@ class GrpcListener:
         listening = self.listening()
         if limit is not None and now - changed > COOLDOWN:
             if active > limit and len(listening) > 1:
-                self._pause(listening[-1], now)
+                await self._pause(listening[-1], now)
                 changed = now
                 log.info("gRPC: %d active connections here, %s on the board (bound %d): "
                          "stopped listening on one socket of %d", active, counts, limit, len(listening))
@@ -222,10 +222,10 @@ class GrpcListener:
                 self.stopping.append(asyncio.ensure_future(shard.server.stop(self.settings.grpc_max_connection_age_grace)))
         return changed
 
-    def _pause(self, shard: Shard, now: float) -> None:
-        """Stop listening on `shard`'s sockets; it serves the connections it has until they leave."""
-        sockets.pause(shard.fds)
+    async def _pause(self, shard: Shard, now: float) -> None:
+        """Stop listening on `shard`'s sockets once what is queued on them is accepted; it serves its connections until they leave."""
         shard.paused_at = now
+        await sockets.pause(shard.fds)
 
     async def _add_shard(self) -> None:
         """One more shard listening (its log says why when the port refuses it)."""
@@ -236,7 +236,7 @@ class GrpcListener:
             return
         self.shards.append(shard)
         if self.stopping_now:  # NOTE: stop() came while it started: it must not listen through the drain
-            self._pause(shard, time.monotonic())
+            await self._pause(shard, time.monotonic())
 
     def stop(self, grace: float) -> threading.Event:
         """Stop listening at once; once the clients have moved (max_connection_age), stop the servers with `grace`.
@@ -262,15 +262,13 @@ class GrpcListener:
         self.health.enter_graceful_shutdown()
         if self.slot is not None and connection_board.GRPC_BOARD is not None:
             connection_board.GRPC_BOARD.release(self.slot)
-        now = time.monotonic()
-        for shard in self.listening():
-            self._pause(shard, now)
-        self.loop.create_task(self._drain(grace))
+        self.loop.create_task(self._drain(grace, self.listening()))
 
-    async def _drain(self, grace: float) -> None:
-        """Loop thread: wait for the connections to leave (at most one connection age, within `grace`), then stop."""
+    async def _drain(self, grace: float, listening: list[Shard]) -> None:
+        """Loop thread: stop listening, wait for the connections to leave (at most one connection age, within `grace`), then stop."""
         started = time.monotonic()
         try:
+            await asyncio.gather(*(self._pause(shard, started) for shard in listening))
             age = self.settings.grpc_max_connection_age
             drain = min(grace, age * 1.1 + 1.0) if age > 0 and grace > 0 else 0.0  # NOTE: grpc-core jitters the age by +-10 %
             while time.monotonic() - started < drain and sockets.connections(self.port) > 0:

@@ -1,15 +1,22 @@
-"""This worker's gRPC sockets, seen from /proc: its listening sockets on the port, its open connections, a pause.
+"""This worker's gRPC sockets, seen from /proc: its listening sockets on the port, its open connections, a pause that lets the queue in first.
 
 Runs in a worker only. grpcio gives Python no handle on its sockets; the kernel's tables do.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+import struct
+import time
 
 TABLES = ("/proc/net/tcp", "/proc/net/tcp6")  # this network namespace's TCP sockets, of every process
 LISTEN, ESTABLISHED = "0A", "01"
+PATIENCE = 1.0  # seconds a pause waits for grpc-core to accept what is queued on a socket before it shuts it anyway
+ACCEPT_POLL = 0.001  # seconds between two looks at a socket's accept queue
+TCP_INFO_SIZE = 104  # bytes of struct tcp_info read (Linux 4.x's size; later kernels add fields after it)
+TCP_INFO_UNACKED = 24  # offset of tcpi_unacked: 8 one-byte fields, then rto, ato, snd_mss, rcv_mss (u32 each)
 
 
 def _inodes(port: int, state: str) -> set[str]:
@@ -50,13 +57,17 @@ def connections(port: int) -> int:
     return len(_own(_inodes(port, ESTABLISHED)))
 
 
-def pause(fds: set[int]) -> None:
-    """Stop listening on these sockets and leave their SO_REUSEPORT group; connections already accepted stay.
+async def pause(fds: set[int], patience: float = PATIENCE) -> None:
+    """Stop listening on these sockets and leave their SO_REUSEPORT group, once their accept queues are empty.
 
     NOTE: shutdown() on a listening socket unhashes it: new connections go to the group's other
-    sockets, and those already queued on it move there too when net.ipv4.tcp_migrate_req is 1
-    (reset when 0). grpc-core's acceptor then fails with EINVAL and logs "Closing acceptor" once.
+    sockets, and those already queued on it move there too when net.ipv4.tcp_migrate_req is 1, but
+    are reset when it is 0 (Linux's default): a proxy that had sent its request on one (nginx never
+    retries a gRPC call whose body it sent) answers UNAVAILABLE. So each socket is shut the moment
+    grpc-core has accepted everything queued on it, or after `patience` seconds if it never empties.
+    grpc-core's acceptor then fails with EINVAL and logs "Closing acceptor" once.
     """
+    deadline = time.monotonic() + patience
     for fd in fds:
         try:
             duplicate = os.dup(fd)
@@ -64,9 +75,17 @@ def pause(fds: set[int]) -> None:
             continue
         try:
             with socket.socket(fileno=duplicate) as handle:
-                handle.shutdown(socket.SHUT_RD)
+                while queued(handle) and time.monotonic() < deadline:
+                    await asyncio.sleep(ACCEPT_POLL)
+                handle.shutdown(socket.SHUT_RD)  # NOTE: right after the check: a connection completed in between is the one lost
         except OSError:  # not a socket any more (the number was reused): leave it alone
             os.close(duplicate) if _is_open(duplicate) else None
+
+
+def queued(listener: socket.socket) -> int:
+    """Connections the kernel has completed on this listening socket that nobody has accepted yet."""
+    info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_SIZE)
+    return struct.unpack_from("I", info, TCP_INFO_UNACKED)[0]  # NOTE: a listener's tcpi_unacked is its accept queue's length
 
 
 def _is_open(fd: int) -> bool:
