@@ -8,6 +8,7 @@ from server.errors import ApiError, NotFound
 from server.models.registry import AVAILABLE, ModelRegistry, ModelVersion
 from server.protocols.v2 import SERVER_NAME, SERVER_VERSION
 from server.protocols.v2.json_codec import tensor_metadata
+from server.protocols.v2.model_config import model_config
 from server.signature import DEFAULT_SIGNATURE, SignatureInfo
 
 
@@ -26,9 +27,12 @@ def tfserving_statuses(registry: ModelRegistry, name: str, version: int | None, 
     return statuses
 
 
-def v2_server_metadata(extensions: list[str]) -> dict[str, Any]:
-    """ServerMetadata: name, version and the protocol extensions this transport offers."""
-    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": extensions}
+V2_EXTENSIONS = ("model_configuration", "statistics")  # Triton's extensions, on both transports
+
+
+def v2_server_metadata(transport_extensions: list[str]) -> dict[str, Any]:
+    """ServerMetadata: name, version, and the protocol extensions: Triton's that both transports have, then this one's own."""
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": [*V2_EXTENSIONS, *transport_extensions]}
 
 
 def described_signature(served: ModelVersion) -> SignatureInfo:
@@ -58,3 +62,8 @@ def v2_model_ready(registry: ModelRegistry, name: str, version: int | None) -> t
             raise
         return False, None, exc.message
     return served.state == AVAILABLE, served, ""
+
+
+def v2_model_config(served: ModelVersion) -> dict[str, Any]:
+    """ModelConfig: the described signature's tensors, the model's batching and version policy, in Triton's shape."""
+    return model_config(served.name, served.servable.platform, served.config, described_signature(served))

@@ -13,11 +13,13 @@ from flask import Blueprint, Response, g, request
 from server.dataplane import envelope
 from server.dataplane.inference import predict
 from server.dataplane.models import (
+    v2_model_config,
     v2_model_metadata,
     v2_model_ready,
     v2_server_metadata,
 )
 from server.dataplane.requests import model_address
+from server.dataplane.statistics import v2_statistics
 from server.errors import ApiError
 from server.http.request import (
     check_content_type,
@@ -68,6 +70,14 @@ def model_metadata(name: str, version: str | None = None) -> Response:
     return json_response(v2_model_metadata(registry(), served), version=served)
 
 
+@blueprint.get("/v2/models/<name>/config")
+@blueprint.get("/v2/models/<name>/versions/<version>/config")
+def model_configuration(name: str, version: str | None = None) -> Response:
+    """Triton's model configuration extension: the served version's tensors, batching and version policy."""
+    served = _served(name, version)
+    return json_response(v2_model_config(served), version=served)
+
+
 @blueprint.get("/v2/models/<name>/ready")
 @blueprint.get("/v2/models/<name>/versions/<version>/ready")
 def model_ready(name: str, version: str | None = None) -> Response:
@@ -80,6 +90,15 @@ def model_ready(name: str, version: str | None = None) -> Response:
     if served is None:
         return json_response({"ready": False, "error": why}, status=400)
     return json_response({"ready": ready}, version=served)
+
+
+@blueprint.get("/v2/models/stats")
+@blueprint.get("/v2/models/<name>/stats")
+@blueprint.get("/v2/models/<name>/versions/<version>/stats")
+def model_statistics(name: str | None = None, version: str | None = None) -> Response:
+    """Triton's statistics extension: every served version's counts and times, summed over the workers."""
+    number = model_address(name, version)[1] if name else None
+    return json_response(v2_statistics(registry(), name, number))
 
 
 @blueprint.post("/v2/models/<name>/infer")

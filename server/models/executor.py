@@ -80,12 +80,14 @@ class ModelExecutor:
         traces: Callable[[], int] | None = None,
         model: str = "",
         buckets: list[int] | None = None,
+        version: str = "",
     ) -> None:
         self.name = name
         self._run = run
         self._traces = traces
         self._traces_seen = traces() if traces else 0
         self.model = model or name
+        self.version = version  # the statistics' label (server.telemetry.statistics)
         for reason in ("queue_full", "deadline"):
             metrics.record(lambda reason=reason: metrics.REJECTED_REQUESTS.labels(self.model, reason))  # at 0
         self.max_batch_size = max_batch_size
@@ -254,13 +256,23 @@ class ModelExecutor:
                 result = self.call_padded(job.signature, job.inputs, job.rows, (job,))
             else:
                 BUFFER.add(metrics.BATCH_ROWS, (self.model,), job.rows)
+                started = time.perf_counter()
                 result = self._run(job.signature, job.inputs)
+                self._count_execution(job.rows, 0.0, time.perf_counter() - started, 0.0)
         except Exception as exc:  # handed to the request thread, which maps it to a status
             job.finished = time.monotonic()
             job.future.set_exception(exc)
         else:
             job.finished = time.monotonic()
             job.future.set_result(result)
+
+    def _count_execution(self, rows: int, assembling: float, running: float, splitting: float) -> None:
+        """One model execution of `rows` rows, for Triton's batch statistics (execution and inference counts too)."""
+        labels = (self.model, self.version, str(rows))
+        BUFFER.add(metrics.BATCH_EXECUTIONS, labels, 1)
+        BUFFER.add(metrics.BATCH_SECONDS, labels + ("compute_input",), assembling)
+        BUFFER.add(metrics.BATCH_SECONDS, labels + ("compute_infer",), running)
+        BUFFER.add(metrics.BATCH_SECONDS, labels + ("compute_output",), splitting)
 
     def call_padded(self, signature: str, inputs: dict[str, np.ndarray], rows: int, jobs: Sequence[Job] = ()
                     ) -> dict[str, np.ndarray]:
@@ -272,6 +284,7 @@ class ModelExecutor:
         for start in range(0, rows, self.max_batch_size):
             if jobs and all(job.abandoned for job in jobs):
                 raise Abandoned(f"abandoned by its requester after {start} of {rows} rows")
+            assembling = time.perf_counter()
             count = min(self.max_batch_size, rows - start)
             size = bucket_for(count, self.buckets) if self.buckets else count
             chunk = {}
@@ -281,11 +294,14 @@ class ModelExecutor:
                     part = np.concatenate([part, np.repeat(part[-1:], size - count, axis=0)])
                 chunk[name] = part
             BUFFER.add(metrics.BATCH_ROWS, (self.model,), count)
+            running = time.perf_counter()
             outputs = self._run(signature, chunk)
+            splitting = time.perf_counter()
             for name, value in outputs.items():
                 if value.ndim == 0 or value.shape[0] != size:
                     raise ApiError(f"output {name!r} has no batch dimension; cannot split a batch", status=500)
             chunks.append({name: value[:count] for name, value in outputs.items()})
+            self._count_execution(count, running - assembling, splitting - running, time.perf_counter() - splitting)
         if len(chunks) == 1:
             return chunks[0]
         return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}

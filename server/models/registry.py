@@ -296,6 +296,7 @@ class ModelRegistry:
             traces=servable.traces,
             model=entry.name,
             buckets=entry.config.padded_batch_sizes,
+            version=str(entry.version),
         )
         entry.executor.start()
         entry.state = AVAILABLE

@@ -6,10 +6,12 @@ import time
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from server.dataplane import envelope
-from server.dataplane.models import v2_model_metadata, v2_model_ready, v2_server_metadata
+from server.dataplane.models import v2_model_config, v2_model_metadata, v2_model_ready, v2_server_metadata
 from server.dataplane.requests import model_address
+from server.dataplane.statistics import v2_statistics
 from server.models.flow import Steps
 from server.models.registry import ModelVersion
 from server.protocols.v2 import messages, proto_codec
@@ -58,6 +60,22 @@ class InferenceService:
             return self.messages.ModelMetadataResponse(**v2_model_metadata(self.calls.registry, served)), served
 
         return self.calls.run(context, f"/{SERVICE}/ModelMetadata", work, self.messages.ModelMetadataResponse())
+
+    def ModelConfig(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def work() -> tuple[Any, ModelVersion]:
+            served = self._served(request.name, request.version)
+            config = json_format.ParseDict(v2_model_config(served), self.messages.ModelConfig())
+            return self.messages.ModelConfigResponse(config=config), served
+
+        return self.calls.run(context, f"/{SERVICE}/ModelConfig", work, self.messages.ModelConfigResponse())
+
+    def ModelStatistics(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def work() -> tuple[Any, None]:
+            number = model_address(request.name, request.version or None)[1] if request.name else None
+            found = v2_statistics(self.calls.registry, request.name, number)
+            return json_format.ParseDict(found, self.messages.ModelStatisticsResponse()), None
+
+        return self.calls.run(context, f"/{SERVICE}/ModelStatistics", work, self.messages.ModelStatisticsResponse())
 
     def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self.messages.ModelInferResponse()

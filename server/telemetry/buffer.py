@@ -33,6 +33,7 @@ class MetricBuffer:
         self.interval_s = interval_s
         self._events: collections.deque[tuple[Any, tuple[str, ...], float]] = collections.deque()
         self._children: dict[Series, Any] = {}
+        self._latest: dict[Series, float] = {}  # gauges set, not added to: the last value wins
         self._flushing = threading.Lock()  # the flusher thread and a scrape may flush at once
         self._flusher = Flusher("metrics-flusher", self.flush, interval_s)
 
@@ -41,9 +42,17 @@ class MetricBuffer:
         self._events.append((metric, labels, value))  # deque.append is atomic: no lock needed
         self._flusher.ensure_started()
 
+    def latest(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
+        """Gauge: set to `value` at the next flush (a later call before it wins)."""
+        self._latest[(metric, labels)] = value  # NOTE: one dict store, atomic under the GIL: no lock
+        self._flusher.ensure_started()
+
     def flush(self) -> None:
         """Write what is buffered: one update per counter or gauge series, one per histogram bucket."""
         with self._flushing:
+            latest, self._latest = self._latest, {}
+            for series, value in latest.items():
+                metrics.record(lambda series=series, value=value: self._child(series).set(value))
             events = self._events
             sums: dict[Series, float] = collections.defaultdict(float)
             observed: dict[Series, list[float]] = collections.defaultdict(list)

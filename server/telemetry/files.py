@@ -3,7 +3,8 @@
 prometheus_client keeps one counter file and one histogram file per process forever (counters
 must not go backwards), so every worker restart adds files and scrapes slow down (client_python
 issues 204, 367). When the master reaps a worker (child_exit) it adds that worker's counter and
-histogram values into `counter_archive.db` / `histogram_archive.db` and deletes its files: the
+histogram values into `counter_archive.db` / `histogram_archive.db` (its "max" gauges into
+`gauge_max_archive.db`, keeping the larger value) and deletes its files: the
 directory holds the live workers' files plus two archives, however many workers came and went.
 A file lock keeps a scrape from seeing a value in both places or in neither.
 
@@ -15,16 +16,18 @@ into blocks already reserved, which cannot fail). A fold that fails leaves both 
 from __future__ import annotations
 
 import fcntl
+import operator
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-ADDITIVE_TYPES = ("counter", "histogram")
+# what a dead process's file adds to the archive's value: counters and histograms sum, a "max" gauge keeps the max
+FOLDS: dict[str, Callable[[float, float], float]] = {"counter": operator.add, "histogram": operator.add, "gauge_max": max}
 LOCK_NAME = ".compaction.lock"
 HEADER_BYTES = 8  # a value file's header (bytes used, padding); a shorter file holds nothing
 
@@ -51,11 +54,19 @@ def scrape(directory: Path) -> bytes:
         return generate_latest(registry)
 
 
+def families(directory: Path) -> list[Metric]:
+    """Every process's metrics summed, as metric families (the statistics read them the way /metrics does)."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    with _locked(directory, exclusive=False):
+        return list(registry.collect())
+
+
 def compact_dead_process(directory: Path, pid: int) -> int:
-    """Master: fold a dead process's counters and histograms into the archives; returns files removed."""
+    """Master: fold a dead process's counters, histograms and "max" gauges into the archives; returns files removed."""
     removed = 0
     with _locked(directory, exclusive=True):
-        for kind in ADDITIVE_TYPES:
+        for kind, fold in FOLDS.items():
             dead = directory / f"{kind}_{pid}.db"
             if not dead.exists():
                 continue
@@ -69,7 +80,7 @@ def compact_dead_process(directory: Path, pid: int) -> int:
                 totals = {key: archive.read_value(key)[0] for key, _, _, _ in values}  # room for new keys: may fail
                 os.remove(dead)
                 for key, value, timestamp, _ in values:
-                    totals[key] += value
+                    totals[key] = fold(totals[key], value)
                     archive.write_value(key, totals[key], timestamp)
             finally:
                 archive.close()

@@ -129,16 +129,40 @@ def record(status: int) -> None:
         model = inference.model
         protocol = inference.protocol
         BUFFER.add(metrics.REQUESTS, (model, inference.version, inference.api, str(status), protocol), 1)
-        BUFFER.add(metrics.REQUEST_SECONDS, (model, inference.api, protocol), time.perf_counter() - inference.started)
+        total = time.perf_counter() - inference.started
+        BUFFER.add(metrics.REQUEST_SECONDS, (model, inference.api, protocol), total)
         # NOTE: a copy (one C call, under the GIL): a handler's flow that outlived its request's 504 may still add stages
         stages = dict(inference.stages)
         for name, stage_seconds in stages.items():
             BUFFER.add(metrics.STAGE_SECONDS, (model, name, protocol), stage_seconds)
+        if inference.version:
+            _record_statistics(model, inference.version, status, total, stages)
         _log_if_slow(inference, status, stages)
         trace = inference.trace
         if trace is not None:
             inference.trace = None  # NOTE: ended once, even if record() is called again
             tracing.end(inference, trace, status)
+
+
+def _record_statistics(model: str, version: str, status: int, total: float, stages: dict[str, float]) -> None:
+    """Triton's statistics of the version that answered: the whole request's time, a success's time per kind."""
+    labels = (model, version)
+    BUFFER.latest(metrics.LAST_INFERENCE, labels, time.time())
+    if status != 200:
+        BUFFER.add(metrics.STATS_SECONDS, labels + ("fail",), total)
+        return
+    BUFFER.add(metrics.STATS_SECONDS, labels + ("success",), total)
+    for kind, names in STATISTICS_KINDS:
+        BUFFER.add(metrics.STATS_SECONDS, labels + (kind,), sum(stages.get(name, 0.0) for name in names))
+
+
+# Triton's kinds of a successful request's time, from forkserve's stages (what is not in a stage is in none)
+STATISTICS_KINDS = (
+    ("queue", ("thread_wait", "queue")),
+    ("compute_input", ("decode", "preprocess")),
+    ("compute_infer", ("compute",)),
+    ("compute_output", ("postprocess", "encode")),
+)
 
 
 def release(_: BaseException | None = None) -> None:

@@ -143,6 +143,28 @@ REJECTED_REQUESTS = Counter(
     ["model", "reason"],
 )
 
+# --- Triton's statistics extension (worker), per model version (server.telemetry.statistics reads them) ---
+STATS_SECONDS = Counter(
+    "forkserve_inference_stats_seconds",
+    "Time per model version, as Triton's statistics count it: success and fail (whole requests, counted by "
+    "forkserve_requests_total), and successful requests' queue, compute_input, compute_infer and compute_output.",
+    ["model", "version", "kind"],
+)
+BATCH_EXECUTIONS = Counter(
+    "forkserve_batch_executions", "Model executions per version and batch size (rows, before padding).",
+    ["model", "version", "batch_size"],
+)
+BATCH_SECONDS = Counter(
+    "forkserve_batch_stats_seconds",
+    "Executor time per version and batch size: compute_input (assembling the batch), compute_infer (the model), "
+    "compute_output (splitting its answers).",
+    ["model", "version", "batch_size", "kind"],
+)
+LAST_INFERENCE = Gauge(
+    "forkserve_last_inference_timestamp_seconds", "When a model version last answered an inference request (Unix time).",
+    ["model", "version"], multiprocess_mode="max",
+)
+
 GRPC_REFUSED_CALLS = Counter(
     "forkserve_grpc_refused_calls",
     "gRPC calls ended before their method ran, by reason: busy (FORKSERVE_GRPC_MAX_CALLS calls at work), receiving "

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from server.config import ModelConfig, ServerConfig
-from server.dataplane.models import tfserving_statuses, v2_model_metadata, v2_model_ready, v2_server_metadata
+from server.dataplane.models import (
+    tfserving_statuses,
+    v2_model_config,
+    v2_model_metadata,
+    v2_model_ready,
+    v2_server_metadata,
+)
 from server.errors import NotFound
 from server.models.registry import AVAILABLE, LOADING, Model, ModelRegistry, ModelVersion
 from server.repository import VersionSource
@@ -65,7 +71,8 @@ def test_v2_metadata_describes_serving_default_or_else_the_first_signature(regis
         "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}]}
     described = v2_model_metadata(registry, registry.get("o").resolve(None))
     assert described["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [-1, 8, 8, 1]}]
-    assert v2_server_metadata(["binary_tensor_data"])["extensions"] == ["binary_tensor_data"]
+    assert v2_server_metadata(["binary_tensor_data"])["extensions"] == ["model_configuration", "statistics",
+                                                                         "binary_tensor_data"]
 
 
 def test_v2_ready_is_true_for_a_serving_version_false_with_why_for_a_loading_one(registry: ModelRegistry) -> None:
@@ -77,3 +84,16 @@ def test_v2_ready_is_true_for_a_serving_version_false_with_why_for_a_loading_one
         v2_model_ready(registry, "m", 9)
     with pytest.raises(NotFound):
         v2_model_ready(registry, "nope", None)
+
+
+def test_v2_model_config_is_triton_s_shape_with_dims_past_the_batch_dimension(registry: ModelRegistry) -> None:
+    assert v2_model_config(registry.get("m").resolve(1)) == {
+        "name": "m", "platform": "tensorflow_savedmodel", "backend": "tensorflow",
+        "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 64,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2], "format": "FORMAT_NONE"}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}],
+        "parameters": {"signature_name": {"string_value": "serving_default"}},
+        "dynamic_batching": {"preferred_batch_size": [], "max_queue_delay_microseconds": 0, "preserve_ordering": False}}
+    image = v2_model_config(registry.get("o").resolve(None))
+    assert image["input"] == [{"name": "images", "data_type": "TYPE_UINT8", "dims": [8, 8, 1], "format": "FORMAT_NONE"}]
+    assert image["parameters"]["signature_name"] == {"string_value": "other"}

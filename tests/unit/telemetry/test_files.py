@@ -88,3 +88,20 @@ def test_a_dead_workers_empty_file_is_dropped(tmp_path: Path) -> None:
     """A worker killed between creating its value file and reserving it leaves an empty file."""
     (tmp_path / "counter_77.db").write_bytes(b"")
     assert compact_dead_process(tmp_path, 77) == 1 and not (tmp_path / "counter_77.db").exists()
+
+
+MAX_GAUGE = """
+from prometheus_client import Gauge
+Gauge("last_seen", "", ["model"], multiprocess_mode="max").labels("m").set({value})
+import os; print(os.getpid())
+"""
+
+
+def test_a_dead_worker_s_max_gauge_is_folded_keeping_the_largest_value(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    pids = [int(subprocess.run([sys.executable, "-c", MAX_GAUGE.format(value=value)], env=env, capture_output=True,
+                               text=True, check=True).stdout) for value in (20, 30, 10)]
+    for pid in pids:
+        assert compact_dead_process(tmp_path, pid) == 1
+    assert values(tmp_path)["last_seen"] == 30
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == ["gauge_max_archive.db"]

@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[4]
 PROTO = "server/protocols/v2/protos/open_inference.proto"
 GENERATED = ["server/protocols/v2/protos/open_inference_pb2.py"]
 CORE_RPCS = ["ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer"]
+EXTENSION_RPCS = ["ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"]
+PARTIAL = {".inference.ModelConfig", ".inference.ModelInput", ".inference.ModelOutput", ".inference.ModelDynamicBatching"}
 
 
 def protoc(tmp_path: Path, *args: str) -> None:
@@ -38,12 +40,19 @@ def _ours(tmp_path: Path) -> descriptor_pb2.FileDescriptorProto:
     return ours
 
 
-def _tritonclient() -> descriptor_pb2.FileDescriptorProto:
-    """tritonclient.grpc's grpc_service.proto, serialized in a process of its own."""
-    code = "import sys; from tritonclient.grpc import service_pb2; sys.stdout.buffer.write(service_pb2.DESCRIPTOR.serialized_pb)"
+def _tritonclient() -> list[descriptor_pb2.FileDescriptorProto]:
+    """tritonclient.grpc's grpc_service.proto and model_config.proto, serialized in a process of its own."""
+    code = ("import sys; from tritonclient.grpc import service_pb2, model_config_pb2; "
+            "[sys.stdout.buffer.write(len(m.DESCRIPTOR.serialized_pb).to_bytes(4, 'big') + m.DESCRIPTOR.serialized_pb) "
+            "for m in (service_pb2, model_config_pb2)]")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert result.returncode == 0, result.stderr.decode(errors="replace")
-    return descriptor_pb2.FileDescriptorProto.FromString(result.stdout)
+    files, data = [], result.stdout
+    while data:
+        size = int.from_bytes(data[:4], "big")
+        files.append(descriptor_pb2.FileDescriptorProto.FromString(data[4 : 4 + size]))
+        data = data[4 + size :]
+    return files
 
 
 def _messages(file: descriptor_pb2.FileDescriptorProto) -> dict[str, descriptor_pb2.DescriptorProto]:
@@ -60,14 +69,14 @@ def _messages(file: descriptor_pb2.FileDescriptorProto) -> dict[str, descriptor_
     return found
 
 
-def _wire(file: descriptor_pb2.FileDescriptorProto) -> dict[str, object]:
-    """What goes on the wire for the core RPCs: method types, then each reachable message's fields."""
-    messages = _messages(file)
-    (service,) = [s for s in file.service if s.name == "GRPCInferenceService"]
+def _wire(files: list[descriptor_pb2.FileDescriptorProto], rpcs: list[str]) -> dict[str, object]:
+    """What goes on the wire for `rpcs`: method types, then each reachable message's fields."""
+    messages = {name: message for file in files for name, message in _messages(file).items()}
+    (service,) = [s for s in files[0].service if s.name == "GRPCInferenceService"]
     methods = {m.name: m for m in service.method}
     wire: dict[str, object] = {}
     pending = []
-    for name in CORE_RPCS:
+    for name in rpcs:
         method = methods[name]
         wire[name] = (method.input_type, method.output_type, method.client_streaming, method.server_streaming)
         pending += [method.input_type, method.output_type]
@@ -86,10 +95,21 @@ def _wire(file: descriptor_pb2.FileDescriptorProto) -> dict[str, object]:
 
 def test_our_v2_messages_are_wire_compatible_with_tritonclient_s(tmp_path: Path) -> None:
     ours, theirs = _ours(tmp_path), _tritonclient()
-    assert (ours.package, ours.syntax) == (theirs.package, theirs.syntax) == ("inference", "proto3")
-    mine, triton = _wire(ours), _wire(theirs)
+    assert (ours.package, ours.syntax) == (theirs[0].package, theirs[0].syntax) == ("inference", "proto3")
+    mine, triton = _wire([ours], CORE_RPCS), _wire(theirs, CORE_RPCS)
     assert len(mine) > len(CORE_RPCS) + 10  # the requests, responses, tensors, parameters and map entries
     assert mine == triton
-    # the service's path is Triton's, with the six core calls only (the extensions answer UNIMPLEMENTED)
-    assert [(s.name, [m.name for m in s.method]) for s in ours.service] == [("GRPCInferenceService", CORE_RPCS)]
+    # the service's path is Triton's, with the core calls and the extensions forkserve implements
+    assert [(s.name, [m.name for m in s.method]) for s in ours.service] == [("GRPCInferenceService", CORE_RPCS + EXTENSION_RPCS)]
+
+
+def test_the_extensions_messages_are_triton_s_and_model_config_holds_a_part_of_triton_s_fields(tmp_path: Path) -> None:
+    """Statistics and repository messages are Triton's field for field; ModelConfig's fields are a subset of Triton's."""
+    mine, triton = _wire([_ours(tmp_path)], EXTENSION_RPCS), _wire(_tritonclient(), EXTENSION_RPCS)
+    assert set(mine) - set(triton) == set()
+    for name, fields in mine.items():
+        if name in PARTIAL:
+            assert set(fields) <= set(triton[name]), name  # type: ignore[arg-type]
+        else:
+            assert fields == triton[name], name
 
