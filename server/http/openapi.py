@@ -116,6 +116,8 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "V2Ready": {"type": "object", "properties": {"ready": {"type": "boolean"}}},
+    "V2Statistics": {"type": "object", "required": ["model_stats"], "properties": {"model_stats": {"type": "array", "items": {
+        "type": "object", "required": ["name", "version", "inference_count", "execution_count", "inference_stats"]}}}},
 }
 
 
@@ -155,6 +157,8 @@ def _v2_paths() -> dict[str, Any]:
             "200": {"description": "ready", "content": _content(_ref("V2Ready"))},
             "400": {"description": "not ready", "content": _content(_ref("V2Ready"))}}}},
     }
+    paths["/v2/models/stats"] = {"get": {"summary": "Every served model version's statistics (Triton's extension)",
+                                         "responses": _responses(_ref("V2Statistics"), 503)}}
     for suffix, parameters in {"": [NAME], "/versions/{version}": [NAME, VERSION]}.items():
         base = "/v2/models/{name}" + suffix
         paths[base] = {"get": {"summary": "Model metadata", "parameters": parameters,
@@ -162,6 +166,11 @@ def _v2_paths() -> dict[str, Any]:
         ready = _responses(_ref("V2Ready"), 404, 405)
         ready["400"] = {"description": "not ready", "content": _content({"type": "object"})}
         paths[base + "/ready"] = {"get": {"summary": "Model readiness", "parameters": parameters, "responses": ready}}
+        paths[base + "/config"] = {"get": {"summary": "Model configuration (Triton's extension)", "parameters": parameters,
+                                           "responses": _responses({"type": "object"}, *LOOKUP_ERRORS)}}
+        paths[base + "/stats"] = {"get": {"summary": "Model statistics, every worker summed (Triton's extension)",
+                                          "parameters": parameters,
+                                          "responses": _responses(_ref("V2Statistics"), *LOOKUP_ERRORS)}}
         infer = _responses(_ref("V2InferResponse"), *INFER_ERRORS)
         infer["200"]["content"]["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
         paths[base + "/infer"] = {"post": {

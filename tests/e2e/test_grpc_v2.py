@@ -205,17 +205,19 @@ def test_a_string_input_model_raw_and_typed(client: triton.InferenceServerClient
 
 
 @pytest.mark.parametrize("method,request_type", [
-    ("ModelConfig", service_pb2.ModelConfigRequest), ("ModelStatistics", service_pb2.ModelStatisticsRequest),
-    ("RepositoryIndex", service_pb2.RepositoryIndexRequest),
+    ("SystemSharedMemoryStatus", service_pb2.SystemSharedMemoryStatusRequest),
+    ("CudaSharedMemoryStatus", service_pb2.CudaSharedMemoryStatusRequest),
+    ("TraceSetting", service_pb2.TraceSettingRequest), ("LogSettings", service_pb2.LogSettingsRequest),
 ])
-def test_triton_extensions_are_unimplemented(stub: Any, method: str, request_type: Any) -> None:
+def test_triton_extensions_forkserve_lacks_are_unimplemented(stub: Any, method: str, request_type: Any) -> None:
     assert code_of(lambda: getattr(stub, method)(request_type(), timeout=10)) == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_triton_extensions_through_tritonclient(client: triton.InferenceServerClient) -> None:
+def test_triton_extensions_forkserve_lacks_through_tritonclient(client: triton.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as caught:
-        client.get_model_config("mlp")
+        client.get_system_shared_memory_status()
     assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "system_shared_memory" not in client.get_server_metadata(as_json=True)["extensions"]
 
 
 def _raw_request(model: str, tensors: list[tuple[str, str, list[int]]], raw: list[bytes],
