@@ -11,6 +11,7 @@
 | `_never_halt_once_a_worker_booted` (server/master/hooks.py) | gunicorn: the arbiter's `reap_workers` (called by its SIGCHLD handler) and its `WORKER_BOOT_ERROR` / `APP_LOAD_ERROR` constants | none: a worker's `os._exit(3)` halts the master |
 | `ForkserveWorker.finish_request` (server/worker/gthread.py) | gunicorn: gthread's `finish_request` closes a finished connection with `conn.close(graceful=True)` on the main thread; `conn.sock` | the close lingers on the main thread (up to 2 s per slow client) and drains 64 KiB at most (an unread larger body: a reset, nginx's 502) |
 | `ForkserveWorker.enqueue_req`, `.handle` (server/worker/gthread.py) | gunicorn: gthread's main thread passes each readable connection to `enqueue_req(conn)`, a request thread runs `handle(conn)` | no `thread_wait` stage (tests/e2e/test_slow_requests.py fails); a changed signature fails every request |
+| `OneWriteResponse.process_headers` (server/compat.py) | gunicorn: `http.wsgi.Response.process_headers`, `force_close` | an app's `Connection: close` is dropped: a client's next request after a load or unload call can reach the retiring worker (tests/e2e/test_repository_control.py fails) |
 | `ForkserveWorker.set_accept_enabled` (server/worker/gthread.py) | gunicorn: gthread's `run` calls it with False once `alive` is False; `accept`, `nr_conns`, `sockets` | the listening sockets stay open until the last request is done (a full stop resets what queued meanwhile) |
 
 A private path is taken only when the installed version is the one it was verified against
@@ -249,6 +250,12 @@ def _one_write_response_class() -> type:
 
         def can_sendfile(self) -> bool:
             return False  # os.sendfile would overtake the held head
+
+        def process_headers(self, headers: list[tuple[str, str]]) -> None:
+            """gunicorn's, and an app's `Connection: close` closes the connection (gunicorn drops hop-by-hop headers)."""
+            super().process_headers(headers)
+            if any(name.lower() == "connection" and value.strip().lower() == "close" for name, value in headers):
+                self.force_close()
 
         def close(self) -> None:
             super().close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -176,6 +177,18 @@ def parse_config(data: dict[str, Any]) -> ServerConfig:
         for name, table in data.get("models", {}).items()
     }
     return ServerConfig(defaults=defaults, models=models, source=data)
+
+
+def with_overrides(config: ServerConfig, overrides: dict[str, dict[str, Any]]) -> ServerConfig:
+    """The configuration with each model's table updated by its override (a load's config); ConfigError names the model."""
+    if not any(overrides.values()):
+        return config
+    source = copy.deepcopy(config.source)
+    models = source.setdefault("models", {})
+    for name, table in overrides.items():
+        if table:
+            models[name] = {**models.get(name, {}), **table}
+    return parse_config(source)
 
 
 def read_config_bytes(path: Path) -> bytes | None:

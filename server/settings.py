@@ -112,6 +112,20 @@ def _pin_mode(raw: str) -> str:
     return mode
 
 
+def _model_control(raw: str) -> str:
+    """FORKSERVE_MODEL_CONTROL as "poll" or "explicit" (Triton's --model-control-mode)."""
+    mode = raw.strip().lower()
+    if mode not in MODEL_CONTROL_MODES:
+        raise ValueError(f"FORKSERVE_MODEL_CONTROL must be one of {', '.join(MODEL_CONTROL_MODES)}, got {raw!r}")
+    return mode
+
+
+def _load_models(raw: str) -> tuple[str, ...]:
+    """FORKSERVE_LOAD_MODELS: comma-separated model names, each once, in order."""
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    return tuple(dict.fromkeys(names))
+
+
 def _payload_sink(raw: str) -> str:
     """FORKSERVE_PAYLOAD_LOG checked: "file:DIR" (DIR made absolute), "http(s)://HOST..." or "" (off)."""
     raw = raw.strip()
@@ -148,6 +162,8 @@ def _without_last_link(given: str) -> Path:
     path = Path(os.path.abspath(given))
     return path.parent.resolve() / path.name if path.name else path
 
+
+MODEL_CONTROL_MODES = ("poll", "explicit")
 
 _current: "Settings | None" = None
 
@@ -192,6 +208,10 @@ class Settings:
     tls_cert: Path | None = None  # FORKSERVE_TLS_CERT: PEM certificate chain; with tls_key, TLS on both ports (server.tls)
     tls_key: Path | None = None  # FORKSERVE_TLS_KEY: its unencrypted PEM private key
     tls_client_ca: Path | None = None  # FORKSERVE_TLS_CLIENT_CA: PEM CAs; clients must present a certificate one of them signed
+    model_control: str = "poll"  # FORKSERVE_MODEL_CONTROL: "poll" (the repository is the API) or "explicit" (load / unload calls)
+    load_models: tuple[str, ...] = ()  # FORKSERVE_LOAD_MODELS: models explicit mode loads at start
+    repository_api: bool = True  # FORKSERVE_REPOSITORY_API: the repository index, load and unload calls (0: refused, 403)
+    repository_timeout: float = 600.0  # FORKSERVE_REPOSITORY_TIMEOUT: seconds a load or unload call waits for every worker
 
     @property
     def tls(self) -> bool:
@@ -208,6 +228,10 @@ class Settings:
         run_dir = _without_last_link(given) if given else (
             Path(tempfile.gettempdir()).resolve() / f"{run_directory.PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
         multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        model_control = _model_control(os.environ.get("FORKSERVE_MODEL_CONTROL", "poll"))
+        load_models = _load_models(os.environ.get("FORKSERVE_LOAD_MODELS", ""))
+        if load_models and model_control != "explicit":  # NOTE: as Triton's --load-model: poll mode serves the whole repository
+            raise ValueError("FORKSERVE_LOAD_MODELS needs FORKSERVE_MODEL_CONTROL=explicit (poll mode serves every model)")
         tls_cert, tls_key, tls_client_ca = _tls_files(
             os.environ.get("FORKSERVE_TLS_CERT", ""), os.environ.get("FORKSERVE_TLS_KEY", ""),
             os.environ.get("FORKSERVE_TLS_CLIENT_CA", ""))
@@ -248,6 +272,10 @@ class Settings:
             tls_cert=tls_cert,
             tls_key=tls_key,
             tls_client_ca=tls_client_ca,
+            model_control=model_control,
+            load_models=load_models,
+            repository_api=_env_flag("FORKSERVE_REPOSITORY_API", "1"),
+            repository_timeout=_env_seconds("FORKSERVE_REPOSITORY_TIMEOUT", 600.0),
         )
 
     @classmethod

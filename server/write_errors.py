@@ -25,6 +25,8 @@ FAILED = "failed"  # failed.json (master)
 METRICS = "metrics"  # this process's metric value files (metrics.record)
 METRICS_ARCHIVE = "metrics_archive"  # folding a dead worker's metric files into the archives (master)
 CLEANUP = "cleanup"  # removing a dead worker's files (master)
+CONTROL = "control"  # control/: a load or unload call's request (worker) or its answer (master)
+REPOSITORY = "repository"  # repository.json: the repository index (master)
 COSTS = {
     WORKER_STATE: "this worker serves, but the master does not see it loaded until the file is written "
                   "(tried again every few seconds); a rollout waits for it meanwhile",
@@ -34,6 +36,8 @@ COSTS = {
     METRICS: "this process's metric updates are dropped until its metric files can be written",
     METRICS_ARCHIVE: "the dead worker's metric files stay as they are (scrapes still count them)",
     CLEANUP: "the dead worker's files stay (nothing reads them)",
+    CONTROL: "the load or unload call fails (503), or waits for its answer until its timeout",
+    REPOSITORY: "the repository index shows the models' states as last written",
 }
 FILES = tuple(COSTS)
 

@@ -27,7 +27,7 @@ def tfserving_statuses(registry: ModelRegistry, name: str, version: int | None, 
     return statuses
 
 
-V2_EXTENSIONS = ("model_configuration", "statistics")  # Triton's extensions, on both transports
+V2_EXTENSIONS = ("model_configuration", "statistics", "model_repository")  # Triton's extensions, on both transports
 
 
 def v2_server_metadata(transport_extensions: list[str]) -> dict[str, Any]:

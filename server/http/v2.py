@@ -19,8 +19,11 @@ from server.dataplane.models import (
     v2_server_metadata,
 )
 from server.dataplane.requests import model_address
+from server.dataplane import repository
 from server.dataplane.statistics import v2_statistics
-from server.errors import ApiError
+from server.errors import ApiError, InvalidArgument
+from server.models.flow import run_blocking
+from server.tensors import jsonio
 from server.http.request import (
     check_content_type,
     flask_request_timeout,
@@ -99,6 +102,48 @@ def model_statistics(name: str | None = None, version: str | None = None) -> Res
     """Triton's statistics extension: every served version's counts and times, summed over the workers."""
     number = model_address(name, version)[1] if name else None
     return json_response(v2_statistics(registry(), name, number))
+
+
+def _optional_json() -> dict:
+    """A repository call's JSON object body; an empty body is {}."""
+    raw = request_body()
+    if not raw.strip():
+        return {}
+    body = jsonio.loads(raw)  # NOTE: any Content-Type: tritonclient sends none with these calls
+    if not isinstance(body, dict):
+        raise InvalidArgument("the body must be a JSON object")
+    return body
+
+
+@blueprint.post("/v2/repository/index")
+def repository_index() -> Response:
+    """Triton's model repository extension: every model of the repository with its state (`ready`: the served ones)."""
+    ready = _optional_json().get("ready", False)
+    return json_response(repository.repository_index(registry(), ready is True, request.remote_addr or ""))
+
+
+@blueprint.post("/v2/repository/models/<name>/load")
+def repository_load(name: str) -> Response:
+    """Explicit model control: serve `name` on every worker (with `parameters.config` over its settings)."""
+    config = repository.load_config_parameter(_optional_json().get("parameters"))
+    run_blocking(repository.change("load", name, config, request.remote_addr or ""))
+    return _changed()
+
+
+@blueprint.post("/v2/repository/models/<name>/unload")
+def repository_unload(name: str) -> Response:
+    """Explicit model control: take `name` out of every worker."""
+    _optional_json()
+    run_blocking(repository.change("unload", name, None, request.remote_addr or ""))
+    return _changed()
+
+
+def _changed() -> Response:
+    """A load's or unload's answer; from a retiring worker it closes the connection, so the next request reaches the new set."""
+    response = json_response({})
+    if repository.STOPPED_ACCEPTING.is_set():
+        response.headers["Connection"] = "close"  # NOTE: honoured by server.compat's gunicorn Response
+    return response
 
 
 @blueprint.post("/v2/models/<name>/infer")

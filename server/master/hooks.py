@@ -103,6 +103,7 @@ def when_ready(server: Any) -> None:
     )
     _controller = RolloutController(
         Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config, settings,
+        model_control=settings.model_control, load_models=settings.load_models,
     )
     _controller.publish_initial_target()
     server.handle_hup = lambda: _controller.request_reload("SIGHUP")

@@ -37,11 +37,11 @@ WORKER_PID = str(os.getpid())  # read once: this package is imported in workers 
 # The HTTP status REST answers for a failure -> the gRPC status for the same failure.
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED, 501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE,
+    403: grpc.StatusCode.PERMISSION_DENIED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED, 501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE,
     499: grpc.StatusCode.CANCELLED, 504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 # ...and back, for a status the servicer sets itself (UNIMPLEMENTED methods)
-HTTP_STATUSES = {grpc.StatusCode.OK: 200, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500,
+HTTP_STATUSES = {grpc.StatusCode.OK: 200, grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500,
                  grpc.StatusCode.CANCELLED: 499}
 
 Work = Callable[[], Any]  # () -> (message, the version that served it), or a flow (server.models.flow) that returns them

@@ -100,6 +100,8 @@ class GrpcListener:
             # NOTE: a connection is closed `grace` after its GOAWAY, calls still on it or not: the grace covers
             # the longest call a model allows (request_timeout_s), or such calls would fail over gRPC only.
             longest = max((m.config.request_timeout_s for m in self.registry.models.values()), default=0.0)
+            if self.settings.model_control == "explicit":  # NOTE: a load or unload call waits for a whole rollout
+                longest = max(longest, self.settings.repository_timeout)
             grace = max(self.settings.grpc_max_connection_age_grace, longest + 5.0)
             # NOTE: HTTP/2 channels are long-lived, so a client stays on the worker it first reached.
             # Past this age the worker sends GOAWAY (twice, with a ping between: no call is lost) and

@@ -11,6 +11,7 @@ from google.protobuf import json_format
 from server.dataplane import envelope
 from server.dataplane.models import v2_model_config, v2_model_metadata, v2_model_ready, v2_server_metadata
 from server.dataplane.requests import model_address
+from server.dataplane import repository
 from server.dataplane.statistics import v2_statistics
 from server.models.flow import Steps
 from server.models.registry import ModelVersion
@@ -76,6 +77,31 @@ class InferenceService:
             return json_format.ParseDict(found, self.messages.ModelStatisticsResponse()), None
 
         return self.calls.run(context, f"/{SERVICE}/ModelStatistics", work, self.messages.ModelStatisticsResponse())
+
+    def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def work() -> tuple[Any, None]:
+            entries = repository.repository_index(self.calls.registry, request.ready, context.peer())
+            return self.messages.RepositoryIndexResponse(models=entries), None
+
+        return self.calls.run(context, f"/{SERVICE}/RepositoryIndex", work, self.messages.RepositoryIndexResponse())
+
+    def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def work() -> Steps[tuple[Any, None]]:
+            parameters = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+                          for key, value in request.parameters.items()}
+            config = repository.load_config_parameter(parameters)
+            yield from repository.change("load", request.model_name, config, context.peer())
+            return self.messages.RepositoryModelLoadResponse(), None
+
+        return self.calls.run(context, f"/{SERVICE}/RepositoryModelLoad", work, self.messages.RepositoryModelLoadResponse())
+
+    def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def work() -> Steps[tuple[Any, None]]:
+            yield from repository.change("unload", request.model_name, None, context.peer())
+            return self.messages.RepositoryModelUnloadResponse(), None
+
+        return self.calls.run(context, f"/{SERVICE}/RepositoryModelUnload", work,
+                              self.messages.RepositoryModelUnloadResponse())
 
     def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self.messages.ModelInferResponse()

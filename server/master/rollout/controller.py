@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
+from server import control
 from server.config import ServerConfig
 from server.master.fleet import Fleet
+from server.master.rollout.control import ModelControl
 from server.master.rollout.desired import DesiredState
 from server.master.rollout.driver import RollingRestart, RolloutSettings
 from server.master.rollout.exits import ExitLog
@@ -31,13 +34,16 @@ from server.target import Target
 
 log = logging.getLogger("forkserve.rollout")
 
+CALL_POLL = 0.25  # seconds between looks for load and unload calls while the thread waits for its next pass
+
 
 class RolloutController:
     """Watcher and rolling restart, in one thread of the master."""
 
     def __init__(
         self, fleet: Fleet, models_dir: Path, conf_path: Path, run_dir: Path, knobs: RolloutSettings,
-        config: ServerConfig, tls_settings: Settings | None = None,
+        config: ServerConfig, tls_settings: Settings | None = None, model_control: str = "poll",
+        load_models: tuple[str, ...] = (),
     ) -> None:
         self.fleet = fleet  # server.master.hooks pre_fork marks newborn workers through it
         self.run_dir = run_dir
@@ -50,12 +56,16 @@ class RolloutController:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self.driver = RollingRestart(fleet, run_dir, knobs, self.desired, self.ledger, self.exits, self._stopping)
+        self.control = ModelControl(run_dir, models_dir, model_control, load_models)
+        self.driver.before_retire = self.control.before_retire
         self._lock = threading.Lock()  # guards the reload counts, shared with the main thread
         self._reloads_requested = 0
         self._reloads_handled = 0
         self._given_up = ""  # generation a rollout gave up on: not retried until something changes
         self.current = Target()  # what the workers run: nothing yet
-        self.current = self.desired.compute("start", self._serving(self.driver.observe()), trust_all=True)
+        self.current = self.desired.compute("start", self._serving(self.driver.observe()), trust_all=True,
+                                            loaded=self.control.selection())
+        self._tell_about_the_startup_list()
         self._thread = threading.Thread(target=self._loop, name="forkserve-rollout", daemon=True)
 
     # --- called from gunicorn hooks (master main thread) ---
@@ -63,6 +73,14 @@ class RolloutController:
     def publish_initial_target(self) -> None:
         """Before the first workers fork: they load exactly this."""
         self.desired.publish(self.current)
+        self.control.write_index(self.current, set(self.desired.settled), self.desired.unservable)
+
+    def _tell_about_the_startup_list(self) -> None:
+        """FORKSERVE_LOAD_MODELS naming models the repository cannot serve: logged, the rest serves."""
+        for name in self.control.loaded:
+            if name in self.desired.unservable:
+                log.error("forkserve: FORKSERVE_LOAD_MODELS names model %r, which cannot be served: %s",
+                          name, self.desired.unservable[name])
 
     def start(self) -> None:
         self._thread.start()
@@ -91,7 +109,7 @@ class RolloutController:
     def _loop(self) -> None:
         """Poll, and roll when the target changed or a reload was asked for."""
         while not self._stopping.is_set():
-            self._wake.wait(self.knobs.poll_interval)
+            self._wait_for_a_pass()
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -100,10 +118,34 @@ class RolloutController:
             except Exception:  # NOTE: the watcher must outlive any bug in one pass
                 log.exception("forkserve: rollout pass failed; old workers keep serving")
 
+    def _wait_for_a_pass(self) -> None:
+        """Sleep one poll interval, less when woken or when a load or unload call waits (looked at every 0.25 s)."""
+        deadline = time.monotonic() + self.knobs.poll_interval
+        while not self._wake.is_set() and time.monotonic() < deadline:
+            if control.waiting(self.run_dir):
+                return
+            self._wake.wait(min(CALL_POLL, max(0.0, deadline - time.monotonic())))
+
     def poll(self) -> None:
-        """One pass: count deaths, re-read the configuration and the repository, roll if needed."""
+        """One pass: the load and unload calls waiting, then the rollout if needed; every call taken is answered."""
         if not run_dir_writable(self.run_dir):  # reported once; reloads asked for meanwhile wait for it
             return
+        self.control.take(self.desired.config.accepted)
+        if self.control.calls:
+            self._given_up = ""  # NOTE: a load is a new try, as a change of the files would be
+            self.control.write_index(self.current, set(self.desired.settled), self.desired.unservable)
+        self.driver.callers = self.control.callers()
+        deferred = False
+        try:
+            deferred = self._pass()
+        finally:
+            self.driver.callers = set()
+            if not deferred:
+                self.control.settle(self.current, self.desired.unservable, self.driver.last_detail)
+            self.control.write_index(self.current, set(self.desired.settled), self.desired.unservable)
+
+    def _pass(self) -> bool:
+        """Count deaths, re-read the configuration and the repository, roll if needed; True when the rollout waits."""
         with self._lock:
             forced = self._reloads_requested != self._reloads_handled
             self._reloads_handled = self._reloads_requested
@@ -111,23 +153,25 @@ class RolloutController:
         renewed = self.tls is not None and self.tls.refresh(at_once=forced) is not None
         workers = self.driver.observe()
         self.driver.count_deaths({}, workers)
-        desired = self.desired.compute("reload" if forced else "TLS certificate changed" if renewed
-                                       else "repository or configuration changed", self._serving(workers))
+        reason = ("reload" if forced else "TLS certificate changed" if renewed else
+                  "load or unload called" if self.control.calls else "repository or configuration changed")
+        desired = self.desired.compute(reason, self._serving(workers), loaded=self.control.selection())
         forced = forced or renewed
         if not forced and desired.generation == self.current.generation \
                 and not workers.stragglers(self.current.generation, self._given_up):
             if self.desired.reports_changed():
                 self.desired.publish(self.current)  # workers show the problems in /readyz and model status
-            return
+            return False
         if not forced and desired.generation == self._given_up:
-            return
+            return False
         if not forced and self.desired.settling(desired):
-            return
+            return True
         step = self.driver.roll(desired, self.current, everyone=forced)
         if step is Step.DONE:
             self.current, self._given_up = desired, ""
         elif step is Step.GIVE_UP:
             self._given_up = desired.generation
+        return False
 
     def _serving(self, workers: Workers) -> set[VersionKey]:
         """Versions live workers serve, and those the current target has them serve."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import Any
 
-from server.config import ServerConfig
+from server.config import ConfigError, ServerConfig, with_overrides
 from server.master.config_watch import ConfigWatch
 from server.master.rollout import policy
 from server.master.rollout.ledger import FailureLedger, VersionsView, is_dir
@@ -50,8 +51,12 @@ class DesiredState:
         sources = {(s.model, s.version): s for versions in self.settled.values() for s in versions}
         return VersionsView(sources, self.config.accepted, self.scanner.content_digest)
 
-    def compute(self, reason: str, serving: set[VersionKey], trust_all: bool = False) -> Target:
-        """What the policies select now from settled, not failed versions; `serving`: versions workers run or should run."""
+    def compute(self, reason: str, serving: set[VersionKey], trust_all: bool = False,
+                loaded: dict[str, dict[str, Any]] | None = None) -> Target:
+        """What the policies select now from settled, not failed versions; `serving`: versions workers run or should run.
+
+        `loaded`: explicit model control's loaded models, each with its load's override (None: every model).
+        """
         config = self.config.refresh()
         self.settled = self.scanner.scan(trust_all)
         self._tell_about_the_repository(config)
@@ -59,7 +64,12 @@ class DesiredState:
         self._fail_unloadable(view, serving)
         self.ledger.drop_stale(view)
         usable, why_empty = {}, {}
-        for name, sources in self.settled.items():
+        selected = self.settled if loaded is None else {n: s for n, s in self.settled.items() if n in loaded}
+        if loaded is not None:
+            config = self._with_overrides(config, loaded)
+            for name in set(loaded) - set(self.settled):
+                usable[name], why_empty[name] = [], "the repository has no such model"
+        for name, sources in selected.items():
             usable[name] = [s for s in sources if not self.ledger.is_failed(s, view)]
             if not sources:
                 stray = stray_entries(self.scanner.models_dir / name)
@@ -71,6 +81,22 @@ class DesiredState:
         target = compute_target(usable, config, reason, why_empty=why_empty)
         self.unservable = target.unservable
         return target
+
+    def _with_overrides(self, config: ServerConfig, loaded: dict[str, dict[str, Any]]) -> ServerConfig:
+        """The configuration with the loads' overrides; one that no longer applies (models.toml changed) is left out."""
+        try:
+            return with_overrides(config, loaded)
+        except ConfigError as exc:
+            self._tell_once(("override", str(exc)), "forkserve: a load's config no longer applies over %s, "
+                            "left out: %s", self.config.path.name, exc)
+            good = {}
+            for name, table in loaded.items():
+                try:
+                    with_overrides(config, {**good, name: table})
+                except ConfigError:
+                    continue
+                good[name] = table
+            return with_overrides(config, good)
 
     def settling(self, target: Target) -> bool:
         """Hold a rollout while a version directory is still being copied, so both go out in one rollout."""

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from server.master.fleet import Fleet
 from server.master.rollout import policy
@@ -55,6 +56,9 @@ class RollingRestart:
         self.ledger = ledger
         self.exits = exits
         self.stopping = stopping
+        self.callers: set[int] = set()  # workers holding a load or unload call: replaced last (.control)
+        self.before_retire: Callable[[int, Target], None] | None = None  # told before a worker is retired
+        self.last_detail = ""  # why the last rollout did not finish ("" when it did)
 
     def observe(self, pids: list[int] | None = None) -> Workers:
         """One read of the worker state files, with the arbiter's workers (`pids` if just listed)."""
@@ -69,6 +73,7 @@ class RollingRestart:
         """Bring every worker to `target` (`everyone`: replace each, same target or not); record the result."""
         record_metric(lambda m: m.ROLLOUT_IN_PROGRESS.set(1))
         step = Step.ABORT
+        self.last_detail = ""
         try:
             step = self._try(target, previous, everyone)
         finally:
@@ -99,6 +104,7 @@ class RollingRestart:
         attempts = self.knobs.attempts
         for attempt in range(1, attempts + 1):
             outcome = self._replace_workers(target, must_go)
+            self.last_detail = outcome.detail if outcome.kind != SUCCEEDED else ""
             blamed: set[VersionKey] = set()
             if outcome.kind == VERSIONS_FAILED:
                 log.error("forkserve: rollout to %s aborted, old workers keep serving: %s", target.generation, outcome.detail)
@@ -139,6 +145,11 @@ class RollingRestart:
             states, pids = workers.states, workers.live
             must_go &= set(pids)
             stale = [p for p in pids if p in must_go or (p in states and states[p].generation != target.generation)]
+            stale.sort(key=lambda pid: pid in self.callers)  # NOTE: a caller answers once the others are on the target
+            booting = [p for p in pids if p not in states or not states[p].loaded]  # not proven the target yet
+            if stale and stale[0] in self.callers and booting and time.monotonic() - waited_since <= self.knobs.boot_timeout:
+                time.sleep(0.2)  # NOTE: a booting worker may turn out stale: it goes before the caller
+                continue
             if stale:
                 outcome = self._replace(stale[0], target)
                 must_go.discard(stale[0])
@@ -146,7 +157,6 @@ class RollingRestart:
                     return outcome
                 waited_since = time.monotonic()
                 continue
-            booting = [p for p in pids if p not in states or not states[p].loaded]  # not proven the target yet
             if not booting:
                 return Outcome(SUCCEEDED)
             if time.monotonic() - waited_since > self.knobs.boot_timeout:
@@ -167,6 +177,8 @@ class RollingRestart:
         if outcome.kind == SUCCEEDED:
             old_state = read_worker_states(self.run_dir).get(old_pid)  # now: it may have finished loading meanwhile
             self.fleet.retire(old_pid)
+            if self.before_retire is not None:  # NOTE: after the retirement: its caller answers once it stopped accepting
+                self.before_retire(old_pid, target)
             going = [old_pid]
             if old_state is None or not old_state.loaded:
                 self.fleet.kill(going)

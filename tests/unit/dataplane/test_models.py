@@ -71,7 +71,7 @@ def test_v2_metadata_describes_serving_default_or_else_the_first_signature(regis
         "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}]}
     described = v2_model_metadata(registry, registry.get("o").resolve(None))
     assert described["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [-1, 8, 8, 1]}]
-    assert v2_server_metadata(["binary_tensor_data"])["extensions"] == ["model_configuration", "statistics",
+    assert v2_server_metadata(["binary_tensor_data"])["extensions"] == ["model_configuration", "statistics", "model_repository",
                                                                          "binary_tensor_data"]
 
 

@@ -1,0 +1,126 @@
+"""Explicit model control's files in the run directory: load and unload requests, their answers, the repository index.
+
+A worker that takes a load or unload call writes a request (one file per call: no two writers
+share a file) and waits for the master's answer; the master reads the requests at its next pass,
+rolls the workers over, answers each and removes it. The master also writes the repository index
+(every model of the repository with its state) after each pass, in either control mode. Every write
+is atomic (server.state.write_json); nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server import run_dir as run_directory
+from server import write_errors
+from server.state import read_json, write_json
+
+REQUESTS = Path("control") / "requests"
+ANSWERS = Path("control") / "answers"
+INDEX = "repository.json"
+ACTIONS = ("load", "unload")
+REQUEST_NAME = re.compile(r"^[0-9]{20}-[0-9]+-[0-9a-f]{8}\.json$")  # anything else in the directory is not ours
+
+# the states Triton's repository index reports
+READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """One load or unload call, as its worker asked for it."""
+
+    id: str
+    action: str  # "load" or "unload"
+    model: str
+    override: dict[str, Any] = field(default_factory=dict)  # a models.toml table over the model's settings
+    pid: int = 0  # the worker holding the call (the rollout replaces it last)
+
+
+def ask(run_dir: Path, action: str, model: str, override: dict[str, Any]) -> str:
+    """Worker: write a request for the master; returns its id. Raises OSError when the run directory refuses it."""
+    request_id = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(4)}"
+    write_json(run_dir / REQUESTS / f"{request_id}.json",
+               {"action": action, "model": model, "override": override, "pid": os.getpid()}, write_errors.CONTROL)
+    return request_id
+
+
+def waiting(run_dir: Path) -> bool:
+    """Master: whether any request waits (one directory read)."""
+    try:
+        return any(REQUEST_NAME.match(name) for name in os.listdir(run_dir / REQUESTS))
+    except OSError:
+        return False
+
+
+def pending(run_dir: Path) -> list[ControlRequest]:
+    """Master: the requests waiting, oldest first; a file that is not a well-formed request is removed."""
+    directory = run_dir / REQUESTS
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if not REQUEST_NAME.match(name):
+            continue
+        data = read_json(directory / name)
+        request = _request(name.removesuffix(".json"), data)
+        if request is None:
+            run_directory.remove_file(directory / name)
+            continue
+        found.append(request)
+    return found
+
+
+def _request(request_id: str, data: Any) -> ControlRequest | None:
+    """A request read back, or None when it is malformed."""
+    if not isinstance(data, dict) or data.get("action") not in ACTIONS or not isinstance(data.get("model"), str):
+        return None
+    override, pid = data.get("override") or {}, data.get("pid")
+    if not isinstance(override, dict) or type(pid) is not int:
+        return None
+    return ControlRequest(request_id, data["action"], data["model"], override, pid)
+
+
+def answer(run_dir: Path, request: ControlRequest, ok: bool, message: str, retiring: bool = False) -> None:
+    """Master: answer a request, then remove it (a master that stops in between answers it again).
+
+    `retiring`: the worker holding the call is being replaced now (it answers once it stopped accepting).
+    """
+    write_json(run_dir / ANSWERS / f"{request.id}.json", {"ok": ok, "message": message, "retiring": retiring},
+               write_errors.CONTROL)
+    run_directory.remove_file(run_dir / REQUESTS / f"{request.id}.json")
+
+
+def take_answer(run_dir: Path, request_id: str) -> tuple[bool, str, bool] | None:
+    """Worker: the master's answer to a request, (ok, message, retiring), removed once read; None while there is none."""
+    path = run_dir / ANSWERS / f"{request_id}.json"
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return None
+    run_directory.remove_file(path)
+    return bool(data.get("ok")), str(data.get("message", "")), bool(data.get("retiring"))
+
+
+def withdraw(run_dir: Path, request_id: str) -> None:
+    """Worker, giving up on an answer: the request's files go (the master may still act on it if it read it)."""
+    run_directory.remove_file(run_dir / REQUESTS / f"{request_id}.json")
+    run_directory.remove_file(run_dir / ANSWERS / f"{request_id}.json")
+
+
+def write_index(run_dir: Path, mode: str, models: dict[str, dict[str, Any]]) -> None:
+    """Master: every model of the repository: {"state", "reason", "versions"} (state "" for never loaded)."""
+    write_json(run_dir / INDEX, {"mode": mode, "models": models}, write_errors.REPOSITORY)
+
+
+def read_index(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Worker: the models of the repository index as the master last wrote it ({} before its first pass)."""
+    data = read_json(run_dir / INDEX)
+    models = data.get("models") if isinstance(data, dict) else None
+    return models if isinstance(models, dict) else {}

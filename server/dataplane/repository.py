@@ -1,0 +1,194 @@
+"""Triton's model repository extension, the same on every transport: the index, load and unload.
+
+Runs in workers. A load or unload is the master's work (server.master.rollout.control): the call
+writes its request into the run directory (server.control) and its flow waits for the answer, which
+comes once every worker serves the model (or no longer does), through the readiness-gated rollout.
+The wait is a flow's Wait (server.models.flow): a request thread blocks on it, the gRPC loop awaits
+it without a thread. Each call is logged, with the client's address and its answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import CancelledError
+from pathlib import Path
+from typing import Any
+
+from server import control
+from server.dataplane.requests import model_address
+from server.errors import ApiError, InvalidArgument
+from server.models.flow import Steps, Wait
+from server.models.registry import ModelRegistry
+from server.models.reply import Reply, ReplyTimeout
+from server.protocols.v2.repository import override_table
+from server.settings import Settings
+
+log = logging.getLogger("forkserve.repository")
+
+ANSWER_POLL = 0.1  # seconds between a worker's looks for its calls' answers
+RETIRE_WAIT = 10.0  # seconds a retiring worker's call waits for it to stop accepting before it answers anyway
+STOP_KEEPALIVE_LINGER = 2.0  # gunicorn 27 gthread's: a stopping worker closes its idle keep-alive connections by then
+# set by the worker (server.worker.gthread) once it stopped accepting connections for good
+STOPPED_ACCEPTING = threading.Event()
+
+
+class Forbidden(ApiError):
+    """PERMISSION_DENIED: the repository calls are turned off (403)."""
+
+    status = 403
+
+
+class PendingCall:
+    """A load or unload waiting for the master's answer: a flow's job, with the reply the answer completes."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.future = Reply()
+
+
+class AnswerWatch:
+    """One thread per worker that hands each waiting call the master's answer, started at the first call."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, PendingCall] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._run_dir: Path | None = None
+
+    def watch(self, run_dir: Path, request_id: str) -> PendingCall:
+        """The call to wait on; its answer arrives within ANSWER_POLL of the master writing it."""
+        call = PendingCall(request_id)
+        with self._lock:
+            self._run_dir = run_dir
+            self._waiting[request_id] = call
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="forkserve-repository", daemon=True)
+                self._thread.start()
+        return call
+
+    def abandon(self, call: PendingCall) -> None:
+        """The client left or its time ran out: stop waiting (the master still does what it took up)."""
+        with self._lock:
+            self._waiting.pop(call.request_id, None)
+        if self._run_dir is not None:
+            control.withdraw(self._run_dir, call.request_id)
+        call.future.cancel()
+
+    def _run(self) -> None:
+        """Watch thread: look for answers while calls wait; ends when none does."""
+        stop = threading.Event()
+        while True:
+            with self._lock:
+                waiting, run_dir = list(self._waiting.values()), self._run_dir
+                if not waiting:
+                    self._thread = None
+                    return
+            for call in waiting:
+                found = control.take_answer(run_dir, call.request_id) if run_dir is not None else None
+                if found is not None:
+                    with self._lock:
+                        self._waiting.pop(call.request_id, None)
+                    call.future.set_result(found)
+            stop.wait(ANSWER_POLL)
+
+
+ANSWERS = AnswerWatch()
+
+
+def check_enabled() -> Settings:
+    """The settings, once the repository calls are known to be on (Forbidden otherwise)."""
+    settings = Settings.current()
+    if not settings.repository_api:
+        raise Forbidden("the model repository API is turned off on this server (FORKSERVE_REPOSITORY_API=0)")
+    return settings
+
+
+def repository_index(registry: ModelRegistry, ready_only: bool, peer: str) -> list[dict[str, str]]:
+    """RepositoryIndex: every model of the repository with its state and reason (a served one per version)."""
+    settings = check_enabled()
+    log.info("repository: index asked by %s", peer or "?")
+    entries = []
+    for name, entry in sorted(control.read_index(settings.run_dir).items()):
+        state, reason = str(entry.get("state", "")), str(entry.get("reason", ""))
+        model = registry.models.get(name)
+        serving = [str(v.version) for v in model.available()] if model is not None else []
+        if state == control.READY and serving:
+            entries += [{"name": name, "version": version, "state": control.READY, "reason": ""} for version in serving]
+        elif not ready_only:
+            entries.append({"name": name, "version": "", "state": state, "reason": reason})
+    return entries
+
+
+def change(action: str, name: str, config_json: str | bytes | None, peer: str) -> Steps[str]:
+    """RepositoryModelLoad / RepositoryModelUnload: ask the master, wait for every worker; the answer's message."""
+    settings = check_enabled()
+    name = model_address(name, None)[0]
+    if settings.model_control != "explicit":
+        log.warning("repository: %s of %r by %s refused: model control is poll", action, name, peer or "?")
+        raise InvalidArgument(f"failed to {action} '{name}': explicit model load / unload is not allowed: "
+                              "FORKSERVE_MODEL_CONTROL=poll serves every model of the repository "
+                              "(publish or remove a version directory instead)")
+    override = override_table(name, config_json) if action == "load" and config_json else {}
+    try:
+        request_id = control.ask(settings.run_dir, action, name, override)
+    except OSError as exc:
+        raise ApiError(f"failed to {action} '{name}': the run directory refused the request: {exc}", status=503) from None
+    log.info("repository: %s of %r asked by %s (request %s%s)", action, name, peer or "?", request_id,
+             f", config {override}" if override else "")
+    call = ANSWERS.watch(settings.run_dir, request_id)
+    try:
+        ok, message, retiring = yield Wait(ANSWERS, call, settings.repository_timeout)
+    except ReplyTimeout:
+        ANSWERS.abandon(call)
+        raise ApiError(f"the {action} of '{name}' did not finish within {settings.repository_timeout:.0f}s "
+                       "(FORKSERVE_REPOSITORY_TIMEOUT); it may still complete: see the repository index",
+                       status=504) from None
+    except CancelledError:
+        ANSWERS.abandon(call)
+        raise
+    log.info("repository: %s of %r (request %s): %s", action, name, request_id, message)
+    if not ok:
+        raise InvalidArgument(message)
+    if retiring:
+        yield from _leave_last(settings)
+    return message
+
+
+def _leave_last(settings: Settings) -> Steps[None]:
+    """This worker is being replaced: answer once a client's next request can only reach the new workers.
+
+    NOTE: the master answers as it retires this worker, the last one on the old set. Once it stopped
+    accepting, what could still reach it is a connection it holds: an idle keep-alive one (gunicorn
+    closes those within STOP_KEEPALIVE_LINGER of the stop) and a gRPC channel (grpc-core's GOAWAY
+    moves it at the connection's age, FORKSERVE_GRPC_MAX_CONNECTION_AGE). The answer waits for both,
+    whichever transport the call came on: a client may load over REST and infer over gRPC.
+    """
+    pending = PendingCall("retiring")
+    grpc_age = settings.grpc_max_connection_age * 1.1 if settings.grpc_bind else 0.0
+    linger = max(STOP_KEEPALIVE_LINGER, grpc_age) + 0.25
+
+    def wait_then_answer() -> None:
+        STOPPED_ACCEPTING.wait(RETIRE_WAIT)
+        time.sleep(linger)
+        pending.future.set_result(None)
+
+    threading.Thread(target=wait_then_answer, name="forkserve-repository-retire", daemon=True).start()
+    yield Wait(ANSWERS, pending, RETIRE_WAIT + linger + 1.0)
+
+
+def load_config_parameter(parameters: Any) -> str | bytes | None:
+    """The `config` parameter of a load (REST's JSON object, or gRPC's parameter map, as plain values)."""
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        raise InvalidArgument("parameters must be an object")
+    unknown = sorted(key for key in parameters if key != "config")
+    if unknown:
+        raise InvalidArgument(f"unsupported load parameter(s) {unknown}: forkserve takes config (a JSON ModelConfig); "
+                              "model files come from the repository, never from the call")
+    value = parameters.get("config")
+    if value is not None and not isinstance(value, (str, bytes)):
+        raise InvalidArgument("the config parameter must be a string holding a JSON ModelConfig")
+    return value

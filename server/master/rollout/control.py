@@ -1,0 +1,162 @@
+"""Explicit model control in the master: which models are loaded, the load and unload calls, the repository index.
+
+Runs in the master's rollout thread (server.master.rollout.controller), no TensorFlow. In explicit
+mode (FORKSERVE_MODEL_CONTROL=explicit) the target holds only the loaded models, each with the
+configuration override its load carried; a pass takes the calls waiting (server.control), rolls
+the workers over through the same readiness-gated rollout, and answers each call by what the
+workers then run. In poll mode it only writes the index and refuses the calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from server import control
+from server.config import ConfigError, ServerConfig, with_overrides
+from server.control import ControlRequest
+from server.repository import is_model_name
+from server.target import Target
+
+log = logging.getLogger("forkserve.repository")
+
+POLL_REFUSAL = ("explicit model load / unload is not allowed: FORKSERVE_MODEL_CONTROL=poll serves every model of "
+                "the repository (publish or remove a version directory instead); start with "
+                "FORKSERVE_MODEL_CONTROL=explicit to load and unload models by call")
+
+
+class ModelControl:
+    """The loaded set (explicit mode), the calls of one pass, and the index the workers answer from."""
+
+    def __init__(self, run_dir: Path, models_dir: Path, mode: str, startup: tuple[str, ...]) -> None:
+        self.run_dir = run_dir
+        self.models_dir = models_dir
+        self.explicit = mode == "explicit"
+        self.mode = mode
+        self.loaded: dict[str, dict[str, Any]] = {name: {} for name in startup}  # name -> its load's override
+        self.reasons: dict[str, str] = {}  # why a model is not loaded: "unloaded", or its last load's failure
+        self.calls: list[ControlRequest] = []  # taken this pass, not yet answered
+        self._before: dict[str, dict[str, Any] | None] = {}  # a load's model as it was loaded before (None: it was not)
+        self._index: dict[str, dict[str, Any]] | None = None  # as last written
+        self._names: set[str] = set()  # the repository's models at the last index write
+        self._unservable: dict[str, str] = {}  # ... and those the master left out, with why
+
+    def selection(self) -> dict[str, dict[str, Any]] | None:
+        """The loaded models and their overrides (explicit mode), None when the repository is the selection."""
+        return self.loaded if self.explicit else None
+
+    def take(self, config: ServerConfig) -> None:
+        """Take the calls waiting: refuse what cannot be done at once, apply the rest to the loaded set."""
+        for request in control.pending(self.run_dir):
+            log.info("forkserve: %s of model %r asked by worker %d (request %s)", request.action, request.model,
+                     request.pid, request.id)
+            refusal = self._refusal(request, config)
+            if refusal:
+                self._answer(request, False, refusal)
+                continue
+            if request.action == "load":
+                self._before.setdefault(request.model, self.loaded.get(request.model))
+                self.loaded[request.model] = request.override
+                self.reasons.pop(request.model, None)
+            elif self.loaded.pop(request.model, None) is not None:
+                self._before.setdefault(request.model, None)
+                self.reasons[request.model] = "unloaded"
+            self.calls.append(request)
+
+    def _refusal(self, request: ControlRequest, config: ServerConfig) -> str:
+        """Why a call fails before any rollout, or ''."""
+        if not self.explicit:
+            return POLL_REFUSAL
+        if request.action == "unload":
+            return ""
+        if not is_model_name(request.model) or not (self.models_dir / request.model).is_dir():
+            return f"failed to load '{request.model}': the repository {self.models_dir} has no model {request.model!r}"
+        try:
+            with_overrides(config, {**self.loaded, request.model: request.override})
+        except ConfigError as exc:
+            return f"failed to load '{request.model}': its config does not apply: {exc}"
+        return ""
+
+    def callers(self) -> set[int]:
+        """Workers holding a call of this pass: the rollout replaces them last."""
+        return {request.pid for request in self.calls}
+
+    def before_retire(self, pid: int, target: Target) -> None:
+        """The rollout retires `pid`, every other worker on `target`: answer the calls it holds now.
+
+        NOTE: the worker answers its client while it stops (after it stopped accepting, so the
+        client's next request reaches a worker on `target`); answered after the rollout, the call
+        would have died with it. With calls held by several workers, all but the last are answered
+        one worker start early (the last workers are still being replaced).
+        """
+        held = [r for r in self.calls if r.pid == pid]
+        if held:
+            self.write_index(target, self._names, self._unservable, taken=[r for r in self.calls if r not in held])
+        for request in held:
+            self._settle(request, target, "", retiring=True)
+
+    def settle(self, current: Target, unservable: dict[str, str], detail: str) -> None:
+        """After the pass: answer every call by what the workers now run (a failed load puts back what was loaded)."""
+        for request in list(self.calls):
+            why = unservable.get(request.model) or detail or "the workers did not take it up"
+            self._settle(request, current, why)
+        self._before.clear()
+
+    def _settle(self, request: ControlRequest, target: Target, why: str, retiring: bool = False) -> None:
+        """Answer one call: done when `target` serves (load) or leaves out (unload) its model."""
+        served = request.model in target.models
+        if request.action == "load" and served:
+            self._answer(request, True, f"loaded '{request.model}'", retiring)
+        elif request.action == "unload" and not served:
+            self._answer(request, True, f"unloaded '{request.model}'", retiring)
+        elif request.action == "load":
+            previous = self._before.get(request.model)
+            if previous is None:
+                self.loaded.pop(request.model, None)
+                self.reasons[request.model] = why
+            else:
+                self.loaded[request.model] = previous
+            self._answer(request, False, f"failed to load '{request.model}': {why}")
+        else:
+            self._answer(request, False, f"failed to unload '{request.model}': {why}")
+
+    def _answer(self, request: ControlRequest, ok: bool, message: str, retiring: bool = False) -> None:
+        """Write the answer for the waiting worker, and log it."""
+        if request in self.calls:
+            self.calls.remove(request)
+        (log.info if ok else log.error)("forkserve: %s of model %r (request %s): %s", request.action, request.model,
+                                         request.id, message)
+        try:
+            control.answer(self.run_dir, request, ok, message, retiring)
+        except OSError:  # reported by write_json; the worker's call times out
+            pass
+
+    def write_index(self, current: Target, names: set[str], unservable: dict[str, str],
+                    taken: list[ControlRequest] | None = None) -> None:
+        """Every model of the repository with its state, when it changed: what the index calls answer.
+
+        `taken`: the calls still in progress (default: every call of this pass).
+        """
+        self._names, self._unservable = names, unservable
+        models: dict[str, dict[str, Any]] = {}
+        loading = {request.model: request.action for request in (self.calls if taken is None else taken)}
+        for name in sorted(names | set(self.loaded) | set(current.models)):
+            intended = current.intended().get(name)
+            if name in loading:
+                state, reason = (control.LOADING if loading[name] == "load" else control.UNLOADING), ""
+            elif intended:
+                state, reason = control.READY, ""
+            elif name in unservable:
+                state, reason = control.UNAVAILABLE, unservable[name]
+            elif name in self.reasons:
+                state, reason = control.UNAVAILABLE, self.reasons[name]
+            else:
+                state, reason = "", ""  # never loaded (explicit mode)
+            models[name] = {"state": state, "reason": reason, "versions": sorted(intended or [])}
+        if models != self._index:
+            try:
+                control.write_index(self.run_dir, self.mode, models)
+            except OSError:  # reported by write_json; written again at the next pass
+                return
+            self._index = models
