@@ -275,3 +275,20 @@ def test_split_address_reads_host_port_ipv6_and_every_address() -> None:
     assert split_address("127.0.0.1:8500") == ("127.0.0.1", 8500)
     assert split_address("[::1]:8500") == ("::1", 8500)
     assert split_address(":8500") == ("0.0.0.0", 8500)
+
+
+def test_model_control_defaults_to_poll_and_takes_a_startup_list_only_in_explicit_mode(clean_env: pytest.MonkeyPatch) -> None:
+    settings = Settings.from_env()
+    assert (settings.model_control, settings.load_models, settings.repository_api) == ("poll", (), True)
+    clean_env.setenv("FORKSERVE_LOAD_MODELS", "a, b,,a")
+    with pytest.raises(ValueError, match="FORKSERVE_LOAD_MODELS needs FORKSERVE_MODEL_CONTROL=explicit"):
+        Settings.from_env()
+    clean_env.setenv("FORKSERVE_MODEL_CONTROL", " Explicit ")
+    assert (Settings.from_env().model_control, Settings.from_env().load_models) == ("explicit", ("a", "b"))
+    clean_env.setenv("FORKSERVE_MODEL_CONTROL", "none")
+    with pytest.raises(ValueError, match="FORKSERVE_MODEL_CONTROL must be one of poll, explicit"):
+        Settings.from_env()
+    clean_env.setenv("FORKSERVE_REPOSITORY_API", "0")
+    clean_env.setenv("FORKSERVE_MODEL_CONTROL", "poll")
+    clean_env.delenv("FORKSERVE_LOAD_MODELS")
+    assert Settings.from_env().repository_api is False

@@ -1,0 +1,35 @@
+"""The run directory's control files: a worker's request, the master's answer, the index; nothing else is taken for one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from server import control
+
+
+def test_a_request_goes_to_the_master_and_its_answer_back_once(tmp_path: Path) -> None:
+    request_id = control.ask(tmp_path, "load", "m", {"max_batch_size": 8})
+    assert control.waiting(tmp_path)
+    (request,) = control.pending(tmp_path)
+    assert (request.id, request.action, request.model, request.override, request.pid) == (
+        request_id, "load", "m", {"max_batch_size": 8}, os.getpid())
+    assert control.take_answer(tmp_path, request_id) is None
+    control.answer(tmp_path, request, True, "loaded 'm'", retiring=True)
+    assert not control.waiting(tmp_path) and control.pending(tmp_path) == []
+    assert control.take_answer(tmp_path, request_id) == (True, "loaded 'm'", True)
+    assert control.take_answer(tmp_path, request_id) is None  # taken once
+
+
+def test_a_withdrawn_request_is_gone(tmp_path: Path) -> None:
+    request_id = control.ask(tmp_path, "unload", "m", {})
+    control.withdraw(tmp_path, request_id)
+    assert control.pending(tmp_path) == []
+
+
+def test_the_index_reads_back_and_is_empty_before_the_master_wrote_it(tmp_path: Path) -> None:
+    assert control.read_index(tmp_path) == {}
+    control.write_index(tmp_path, "explicit", {"m": {"state": control.READY, "reason": "", "versions": [1]}})
+    assert control.read_index(tmp_path) == {"m": {"state": "READY", "reason": "", "versions": [1]}}
+    (tmp_path / control.INDEX).write_text("[not an index]")
+    assert control.read_index(tmp_path) == {}
