@@ -14,6 +14,7 @@ LONGEST_FIRST = (
     "test_grpc_rollout",  # 132
     "test_handlers",  # 105
     "test_validate",  # 90
+    "test_repository_control",  # 89
     "test_publish",  # 85
     "test_faults",  # 77
     "test_grpc_nginx",  # 77

@@ -119,6 +119,23 @@ def test_an_unknown_model_s_not_found_passes_through_nginx_with_its_message(flee
     assert re.search(r"ModelInfer HTTP/2\.0\" 200 .* grpc=5 version=-\n", nginx.access_log())
 
 
+def test_the_repository_calls_are_refused_through_nginx(fleet: tuple[Server, Nginx]) -> None:
+    """Admin calls: PERMISSION_DENIED through the proxy, answered on the server's own port."""
+    server, nginx = fleet
+    proxied = triton.InferenceServerClient(nginx.grpc_target)
+    direct = triton.InferenceServerClient(server.grpc_target)
+    try:
+        for call in (proxied.get_model_repository_index, lambda: proxied.unload_model("mlp")):
+            with pytest.raises(InferenceServerException) as refused:
+                call()
+            assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+            assert "not served through this proxy" in refused.value.message()
+        assert {"name": "mlp", "version": "1", "state": "READY"} in direct.get_model_repository_index(as_json=True)["models"]
+    finally:
+        proxied.close()
+        direct.close()
+
+
 def test_nginx_s_own_failures_reach_clients_as_grpc_statuses(fleet: tuple[Server, Nginx], tmp_path: Path) -> None:
     """No upstream: UNAVAILABLE; an upstream that never answers: DEADLINE_EXCEEDED; a body over the limit: RESOURCE_EXHAUSTED."""
     nobody = Nginx(tmp_path / "nobody", [free_port()], conf_name="nginx-grpc.conf")

@@ -29,6 +29,10 @@ def test_single_upstream_proxies_ids_versions_and_limits(server: Server, tmp_pat
         assert len(generated) == 32  # nginx's $request_id, passed to forkserve and echoed
         assert "rid=via-nginx-1 version=1" in nginx.access_log()
         assert requests.get(f"{nginx.url}/metrics", timeout=10).status_code == 200  # loopback is allowed
+        for path in ("/v2/repository/index", "/v2/repository/models/mlp/unload", "/v2/repository/models/mlp/load"):
+            refused = requests.post(f"{nginx.url}{path}", timeout=10)  # admin calls: the server's own port only
+            assert refused.status_code == 403 and "not served through this proxy" in refused.json()["error"]
+        assert requests.post(f"{server.url}/v2/repository/index", timeout=10).status_code == 200
     finally:
         nginx.stop()
     for name in ("nginx.conf", "nginx-multi.conf"):
