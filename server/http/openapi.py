@@ -116,6 +116,8 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "V2Ready": {"type": "object", "properties": {"ready": {"type": "boolean"}}},
+    "V2RepositoryEntry": {"type": "object", "required": ["name", "version", "state", "reason"], "properties": {
+        "name": {"type": "string"}, "version": {"type": "string"}, "state": {"type": "string"}, "reason": {"type": "string"}}},
     "V2Statistics": {"type": "object", "required": ["model_stats"], "properties": {"model_stats": {"type": "array", "items": {
         "type": "object", "required": ["name", "version", "inference_count", "execution_count", "inference_stats"]}}}},
 }
@@ -157,6 +159,20 @@ def _v2_paths() -> dict[str, Any]:
             "200": {"description": "ready", "content": _content(_ref("V2Ready"))},
             "400": {"description": "not ready", "content": _content(_ref("V2Ready"))}}}},
     }
+    admin = (400, 403, 413, 503, 504)
+    paths["/v2/repository/index"] = {"post": {
+        "summary": "Every model of the repository with its state (Triton's repository extension; admin)",
+        "requestBody": {"required": False, "content": _content(
+            {"type": "object", "properties": {"ready": {"type": "boolean"}}})},
+        "responses": _responses({"type": "array", "items": _ref("V2RepositoryEntry")}, 400, 403, 413)}}
+    for action, body in (("load", {"type": "object", "properties": {"parameters": {"type": "object", "properties": {
+            "config": {"type": "string", "description": "a JSON ModelConfig: max_batch_size, dynamic_batching, "
+                                                       "version_policy"}}}}}),
+                         ("unload", {"type": "object"})):
+        paths["/v2/repository/models/{name}/" + action] = {"post": {
+            "summary": f"Explicit model control: {action} on every worker (FORKSERVE_MODEL_CONTROL=explicit; admin)",
+            "parameters": [NAME], "requestBody": {"required": False, "content": _content(body)},
+            "responses": _responses({"type": "object"}, *admin)}}
     paths["/v2/models/stats"] = {"get": {"summary": "Every served model version's statistics (Triton's extension)",
                                          "responses": _responses(_ref("V2Statistics"), 503)}}
     for suffix, parameters in {"": [NAME], "/versions/{version}": [NAME, VERSION]}.items():
