@@ -97,17 +97,15 @@ class AnswerWatch:
 ANSWERS = AnswerWatch()
 
 
-def check_enabled() -> Settings:
-    """The settings, once the repository calls are known to be on (Forbidden otherwise)."""
-    settings = Settings.current()
+def check_enabled(settings: Settings) -> None:
+    """Forbidden unless the repository calls are on."""
     if not settings.repository_api:
         raise Forbidden("the model repository API is turned off on this server (FORKSERVE_REPOSITORY_API=0)")
-    return settings
 
 
-def repository_index(registry: ModelRegistry, ready_only: bool, peer: str) -> list[dict[str, str]]:
+def repository_index(registry: ModelRegistry, settings: Settings, ready_only: bool, peer: str) -> list[dict[str, str]]:
     """RepositoryIndex: every model of the repository with its state and reason (a served one per version)."""
-    settings = check_enabled()
+    check_enabled(settings)
     log.info("repository: index asked by %s", peer or "?")
     entries = []
     for name, entry in sorted(control.read_index(settings.run_dir).items()):
@@ -121,9 +119,9 @@ def repository_index(registry: ModelRegistry, ready_only: bool, peer: str) -> li
     return entries
 
 
-def change(action: str, name: str, config_json: str | bytes | None, peer: str) -> Steps[str]:
+def change(settings: Settings, action: str, name: str, config_json: str | bytes | None, peer: str) -> Steps[str]:
     """RepositoryModelLoad / RepositoryModelUnload: ask the master, wait for every worker; the answer's message."""
-    settings = check_enabled()
+    check_enabled(settings)
     name = model_address(name, None)[0]
     if settings.model_control != "explicit":
         log.warning("repository: %s of %r by %s refused: model control is poll", action, name, peer or "?")

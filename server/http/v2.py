@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from flask import Blueprint, Response, g, request
+from flask import Blueprint, Response, current_app, g, request
 
 from server.dataplane import envelope
 from server.dataplane.inference import predict
@@ -33,6 +33,7 @@ from server.http.request import (
 )
 from server.models.registry import ModelVersion
 from server.protocols.v2 import json_codec
+from server.settings import Settings
 from server.telemetry import measure
 from server.telemetry.payloads import capture
 
@@ -104,6 +105,10 @@ def model_statistics(name: str | None = None, version: str | None = None) -> Res
     return json_response(v2_statistics(registry(), name, number))
 
 
+def _settings() -> Settings:
+    return current_app.extensions["forkserve.settings"]
+
+
 def _optional_json() -> dict:
     """A repository call's JSON object body; an empty body is {}."""
     raw = request_body()
@@ -119,14 +124,14 @@ def _optional_json() -> dict:
 def repository_index() -> Response:
     """Triton's model repository extension: every model of the repository with its state (`ready`: the served ones)."""
     ready = _optional_json().get("ready", False)
-    return json_response(repository.repository_index(registry(), ready is True, request.remote_addr or ""))
+    return json_response(repository.repository_index(registry(), _settings(), ready is True, request.remote_addr or ""))
 
 
 @blueprint.post("/v2/repository/models/<name>/load")
 def repository_load(name: str) -> Response:
     """Explicit model control: serve `name` on every worker (with `parameters.config` over its settings)."""
     config = repository.load_config_parameter(_optional_json().get("parameters"))
-    run_blocking(repository.change("load", name, config, request.remote_addr or ""))
+    run_blocking(repository.change(_settings(), "load", name, config, request.remote_addr or ""))
     return _changed()
 
 
@@ -134,7 +139,7 @@ def repository_load(name: str) -> Response:
 def repository_unload(name: str) -> Response:
     """Explicit model control: take `name` out of every worker."""
     _optional_json()
-    run_blocking(repository.change("unload", name, None, request.remote_addr or ""))
+    run_blocking(repository.change(_settings(), "unload", name, None, request.remote_addr or ""))
     return _changed()
 
 

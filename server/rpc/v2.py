@@ -17,6 +17,7 @@ from server.models.flow import Steps
 from server.models.registry import ModelVersion
 from server.protocols.v2 import messages, proto_codec
 from server.rpc.calls import Calls, predict_tensors
+from server.settings import Settings
 from server.telemetry import measure
 
 SERVICE = "inference.GRPCInferenceService"
@@ -80,7 +81,7 @@ class InferenceService:
 
     def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
         def work() -> tuple[Any, None]:
-            entries = repository.repository_index(self.calls.registry, request.ready, context.peer())
+            entries = repository.repository_index(self.calls.registry, Settings.current(), request.ready, context.peer())
             return self.messages.RepositoryIndexResponse(models=entries), None
 
         return self.calls.run(context, f"/{SERVICE}/RepositoryIndex", work, self.messages.RepositoryIndexResponse())
@@ -90,14 +91,14 @@ class InferenceService:
             parameters = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
                           for key, value in request.parameters.items()}
             config = repository.load_config_parameter(parameters)
-            yield from repository.change("load", request.model_name, config, context.peer())
+            yield from repository.change(Settings.current(), "load", request.model_name, config, context.peer())
             return self.messages.RepositoryModelLoadResponse(), None
 
         return self.calls.run(context, f"/{SERVICE}/RepositoryModelLoad", work, self.messages.RepositoryModelLoadResponse())
 
     def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
         def work() -> Steps[tuple[Any, None]]:
-            yield from repository.change("unload", request.model_name, None, context.peer())
+            yield from repository.change(Settings.current(), "unload", request.model_name, None, context.peer())
             return self.messages.RepositoryModelUnloadResponse(), None
 
         return self.calls.run(context, f"/{SERVICE}/RepositoryModelUnload", work,
