@@ -1,4 +1,4 @@
-"""inference.GRPCInferenceService (Open Inference Protocol V2): health, metadata and ModelInfer over gRPC."""
+"""inference.GRPCInferenceService (Open Inference Protocol V2): health, metadata, ModelInfer and Triton's extensions over gRPC."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ SERVICE = "inference.GRPCInferenceService"
 
 
 class InferenceService:
-    """The protocol's six core calls; Triton's extensions answer UNIMPLEMENTED (no method registered)."""
+    """The protocol's core calls and Triton's configuration, statistics and repository extensions (others: UNIMPLEMENTED)."""
 
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
