@@ -114,6 +114,27 @@ def withdraw(run_dir: Path, request_id: str) -> None:
     run_directory.remove_file(run_dir / ANSWERS / f"{request_id}.json")
 
 
+def clear(run_dir: Path) -> None:
+    """Master, at start: requests and answers of a previous master in this run directory are not this one's."""
+    run_directory.remove_tree(run_dir / REQUESTS.parent)
+
+
+def drop_stale_answers(run_dir: Path, max_age: float) -> None:
+    """Master: answers no worker took within `max_age` seconds (its worker died or gave up) are removed."""
+    directory = run_dir / ANSWERS
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        try:
+            if REQUEST_NAME.match(name) and now - (directory / name).lstat().st_mtime > max_age:
+                run_directory.remove_file(directory / name)
+        except OSError:
+            continue
+
+
 def write_index(run_dir: Path, mode: str, models: dict[str, dict[str, Any]]) -> None:
     """Master: every model of the repository: {"state", "reason", "versions"} (state "" for never loaded)."""
     write_json(run_dir / INDEX, {"mode": mode, "models": models}, write_errors.REPOSITORY)

@@ -33,3 +33,19 @@ def test_the_index_reads_back_and_is_empty_before_the_master_wrote_it(tmp_path: 
     assert control.read_index(tmp_path) == {"m": {"state": "READY", "reason": "", "versions": [1]}}
     (tmp_path / control.INDEX).write_text("[not an index]")
     assert control.read_index(tmp_path) == {}
+
+
+def test_answers_nobody_took_are_dropped_when_stale_and_a_new_master_starts_clean(tmp_path: Path) -> None:
+    request_id = control.ask(tmp_path, "load", "m", {})
+    (request,) = control.pending(tmp_path)
+    control.answer(tmp_path, request, True, "loaded 'm'")
+    control.drop_stale_answers(tmp_path, 60)
+    assert control.take_answer(tmp_path, request_id) is not None
+    control.answer(tmp_path, request, True, "loaded 'm'")
+    old = tmp_path / control.ANSWERS / f"{request_id}.json"
+    os.utime(old, (0, 0))
+    control.drop_stale_answers(tmp_path, 60)
+    assert not old.exists()
+    control.ask(tmp_path, "unload", "m", {})
+    control.clear(tmp_path)
+    assert control.pending(tmp_path) == [] and not (tmp_path / "control").exists()

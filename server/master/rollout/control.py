@@ -21,6 +21,7 @@ from server.target import Target
 
 log = logging.getLogger("forkserve.repository")
 
+STALE_ANSWER_SECONDS = 3600.0  # an answer nobody took in an hour: its worker died or gave up waiting
 POLL_REFUSAL = ("explicit model load / unload is not allowed: FORKSERVE_MODEL_CONTROL=poll serves every model of "
                 "the repository (publish or remove a version directory instead); start with "
                 "FORKSERVE_MODEL_CONTROL=explicit to load and unload models by call")
@@ -41,6 +42,7 @@ class ModelControl:
         self._index: dict[str, dict[str, Any]] | None = None  # as last written
         self._names: set[str] = set()  # the repository's models at the last index write
         self._unservable: dict[str, str] = {}  # ... and those the master left out, with why
+        control.clear(run_dir)
 
     def selection(self) -> dict[str, dict[str, Any]] | None:
         """The loaded models and their overrides (explicit mode), None when the repository is the selection."""
@@ -48,6 +50,7 @@ class ModelControl:
 
     def take(self, config: ServerConfig) -> None:
         """Take the calls waiting: refuse what cannot be done at once, apply the rest to the loaded set."""
+        control.drop_stale_answers(self.run_dir, STALE_ANSWER_SECONDS)
         for request in control.pending(self.run_dir):
             log.info("forkserve: %s of model %r asked by worker %d (request %s)", request.action, request.model,
                      request.pid, request.id)
