@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,11 @@ ANSWERS = Path("control") / "answers"
 INDEX = "repository.json"
 ACTIONS = ("load", "unload")
 REQUEST_NAME = re.compile(r"^[0-9]{20}-[0-9]+-[0-9a-f]{8}\.json$")  # anything else in the directory is not ours
+
+# Worker: set by server.worker.gthread once this worker stopped accepting connections for good (a retiring
+# worker's load or unload call answers then: server.dataplane.repository). NOTE: here, in the core, because
+# gunicorn imports the worker class in the master, which must not import the metrics before on_starting.
+STOPPED_ACCEPTING = threading.Event()
 
 # the states Triton's repository index reports
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"

@@ -30,8 +30,7 @@ log = logging.getLogger("forkserve.repository")
 ANSWER_POLL = 0.1  # seconds between a worker's looks for its calls' answers
 RETIRE_WAIT = 10.0  # seconds a retiring worker's call waits for it to stop accepting before it answers anyway
 STOP_KEEPALIVE_LINGER = 2.0  # gunicorn 27 gthread's: a stopping worker closes its idle keep-alive connections by then
-# set by the worker (server.worker.gthread) once it stopped accepting connections for good
-STOPPED_ACCEPTING = threading.Event()
+STOPPED_ACCEPTING = control.STOPPED_ACCEPTING  # set once this worker stopped accepting for good
 
 
 class Forbidden(ApiError):

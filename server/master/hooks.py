@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 from typing import Any, NoReturn
 
-from server import compat, connection_board, tls, write_errors
+from server import compat, connection_board, control, tls, write_errors
 from server import run_dir as run_directory
 from server.config import ConfigError, ServerConfig, load_config
 from server.master import cpus, grpc_port
@@ -172,9 +172,9 @@ def _remove_run_files(settings: Settings) -> None:
 
     Best effort (a read-only directory keeps what it has), and never through a symlink.
     """
-    for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
+    for directory in (workers_dir(settings.run_dir), settings.metrics_dir, settings.run_dir / control.REQUESTS.parent):
         run_directory.remove_tree(directory)
-    for name in (TARGET_FILE, FAILED_FILE, "gunicorn.pid"):
+    for name in (TARGET_FILE, FAILED_FILE, control.INDEX, "gunicorn.pid"):
         run_directory.remove_file(settings.run_dir / name)
     try:
         settings.run_dir.rmdir()  # only when empty: a run directory the user gave may hold more

@@ -19,8 +19,7 @@ from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker
 
-from server import compat, connection_board
-from server.dataplane import repository
+from server import compat, connection_board, control
 from server.telemetry import arrival
 
 CLOSER_THREADS = 8
@@ -198,7 +197,7 @@ class ForkserveWorker(ThreadWorker):
             self._listening = False
             self._stop_listening()
         if not enabled and not self.alive:
-            repository.STOPPED_ACCEPTING.set()  # a load or unload call held here may answer now
+            control.STOPPED_ACCEPTING.set()  # a load or unload call held here may answer now
 
     def _stop_listening(self) -> None:
         """Main thread, stopping: accept what already waits in the backlog (answered, then closed), then close the listeners.

@@ -100,3 +100,14 @@ def test_the_probe_sees_opentelemetry_where_tracing_starts() -> None:
 def test_the_probe_sees_tensorflow_where_it_is_imported() -> None:
     _, modules = imported("server.models.runtime")
     assert "tensorflow" in heavy(modules)
+
+
+def test_the_worker_class_gunicorn_loads_in_the_master_imports_no_metrics() -> None:
+    """gunicorn imports the worker class in the master, before on_starting exports PROMETHEUS_MULTIPROC_DIR.
+
+    NOTE: prometheus_client picks its value class at its first import; imported here, the master's own
+    metrics (rollouts, exits, failed versions) stayed in its memory and no scrape saw them.
+    """
+    done, modules = imported("server.worker.gthread")
+    assert "server.worker.gthread" in done
+    assert not [m for m in modules if m.split(".")[0] == "prometheus_client" or m == "server.telemetry.metrics"]
