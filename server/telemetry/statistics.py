@@ -68,7 +68,7 @@ class VersionStatistics:
 def read(directory: Path) -> dict[tuple[str, str], VersionStatistics]:
     """Every (model, version) the metric files know, with its statistics; raises OSError when they cannot be read."""
     found: dict[tuple[str, str], VersionStatistics] = defaultdict(VersionStatistics)
-    for family in files.families(directory):
+    for family in files.families(directory, ("counter", "gauge_max")):
         for sample in family.samples:
             labels = sample.labels
             if "model" not in labels or not labels.get("version"):
