@@ -235,6 +235,8 @@ class _HeaderHoldingSocket:
 def _one_write_response_class() -> type:
     from gunicorn.http import wsgi
 
+    from server import control
+
     class OneWriteResponse(wsgi.Response):
         """gunicorn's Response, sending the status line and headers in the same write as the body."""
 
@@ -252,9 +254,14 @@ def _one_write_response_class() -> type:
             return False  # os.sendfile would overtake the held head
 
         def process_headers(self, headers: list[tuple[str, str]]) -> None:
-            """gunicorn's, and an app's `Connection: close` closes the connection (gunicorn drops hop-by-hop headers)."""
+            """gunicorn's; in a stopping worker, an app's `Connection: close` closes the connection (gunicorn drops it).
+
+            NOTE: looked for only once the worker stopped accepting (server.control.STOPPED_ACCEPTING): a
+            repository call's answer is the one that asks, and the scan would cost every response 1 µs.
+            """
             super().process_headers(headers)
-            if any(name.lower() == "connection" and value.strip().lower() == "close" for name, value in headers):
+            if control.STOPPED_ACCEPTING.is_set() and any(
+                    name.lower() == "connection" and value.strip().lower() == "close" for name, value in headers):
                 self.force_close()
 
         def close(self) -> None:

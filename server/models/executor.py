@@ -33,6 +33,7 @@ from server.telemetry.buffer import BUFFER
 log = logging.getLogger("forkserve.batching")
 
 RunFunction = Callable[[str, dict[str, np.ndarray]], dict[str, np.ndarray]]
+BATCH_KINDS = ("compute_input", "compute_infer", "compute_output")  # Triton's batch statistics (server.telemetry.statistics)
 
 
 def bucket_for(rows: int, sizes: list[int]) -> int:
@@ -270,9 +271,7 @@ class ModelExecutor:
         """One model execution of `rows` rows, for Triton's batch statistics (execution and inference counts too)."""
         labels = (self.model, self.version, str(rows))
         BUFFER.add(metrics.BATCH_EXECUTIONS, labels, 1)
-        BUFFER.add(metrics.BATCH_SECONDS, labels + ("compute_input",), assembling)
-        BUFFER.add(metrics.BATCH_SECONDS, labels + ("compute_infer",), running)
-        BUFFER.add(metrics.BATCH_SECONDS, labels + ("compute_output",), splitting)
+        BUFFER.add_vector(metrics.BATCH_SECONDS, labels, BATCH_KINDS, (assembling, running, splitting))
 
     def call_padded(self, signature: str, inputs: dict[str, np.ndarray], rows: int, jobs: Sequence[Job] = ()
                     ) -> dict[str, np.ndarray]:

@@ -34,12 +34,18 @@ class MetricBuffer:
         self._events: collections.deque[tuple[Any, tuple[str, ...], float]] = collections.deque()
         self._children: dict[Series, Any] = {}
         self._latest: dict[Series, float] = {}  # gauges set, not added to: the last value wins
+        self._vectors: collections.deque[tuple[Any, tuple[str, ...], tuple[str, ...], tuple[float, ...]]] = collections.deque()
         self._flushing = threading.Lock()  # the flusher thread and a scrape may flush at once
         self._flusher = Flusher("metrics-flusher", self.flush, interval_s)
 
     def add(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
         """Counter or gauge: add `value` (negative to decrease); histogram: observe `value`."""
         self._events.append((metric, labels, value))  # deque.append is atomic: no lock needed
+        self._flusher.ensure_started()
+
+    def add_vector(self, metric: Any, labels: tuple[str, ...], last_labels: tuple[str, ...], values: tuple[float, ...]) -> None:
+        """Counter: add values[i] to the series labels + (last_labels[i],), as one event (a fifth of add()'s cost for 5)."""
+        self._vectors.append((metric, labels, last_labels, values))
         self._flusher.ensure_started()
 
     def latest(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
@@ -62,6 +68,11 @@ class MetricBuffer:
                     observed[(metric, labels)].append(value)
                 else:
                     sums[(metric, labels)] += value
+            vectors = self._vectors
+            for _ in range(len(vectors)):
+                metric, labels, last_labels, values = vectors.popleft()
+                for last, value in zip(last_labels, values):
+                    sums[(metric, labels + (last,))] += value
             for series, total in sums.items():
                 metrics.record(lambda series=series, total=total: self._child(series).inc(total))
             for series, values in observed.items():

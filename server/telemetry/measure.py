@@ -151,18 +151,20 @@ def _record_statistics(model: str, version: str, status: int, total: float, stag
     if status != 200:
         BUFFER.add(metrics.STATS_SECONDS, labels + ("fail",), total)
         return
-    BUFFER.add(metrics.STATS_SECONDS, labels + ("success",), total)
-    for kind, names in STATISTICS_KINDS:
-        BUFFER.add(metrics.STATS_SECONDS, labels + (kind,), sum(stages.get(name, 0.0) for name in names))
+    get = stages.get
+    BUFFER.add_vector(metrics.STATS_SECONDS, labels, STATISTICS_KINDS, (
+        total,
+        get("thread_wait", 0.0) + get("queue", 0.0),
+        get("decode", 0.0) + get("preprocess", 0.0),
+        get("compute", 0.0),
+        get("postprocess", 0.0) + get("encode", 0.0),
+    ))
 
 
-# Triton's kinds of a successful request's time, from forkserve's stages (what is not in a stage is in none)
-STATISTICS_KINDS = (
-    ("queue", ("thread_wait", "queue")),
-    ("compute_input", ("decode", "preprocess")),
-    ("compute_infer", ("compute",)),
-    ("compute_output", ("postprocess", "encode")),
-)
+# Triton's kinds of a successful request's time, from forkserve's stages (what is not in a stage is in none):
+# the whole request, queue (thread_wait, queue), compute_input (decode, preprocess), compute_infer (compute),
+# compute_output (postprocess, encode)
+STATISTICS_KINDS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
 
 
 def release(_: BaseException | None = None) -> None:
