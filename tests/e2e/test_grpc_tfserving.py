@@ -133,6 +133,10 @@ def test_predict_gives_the_numbers_rest_gives(served: Server, predictions: Any, 
     for key, array in got.items():
         assert array.dtype == np.float32
         np.testing.assert_allclose(array, np.array(expected[key], dtype=np.float32), rtol=1e-6, atol=1e-7)
+        # the values in float_val, as TF Serving answers: the line most of its clients read
+        tensor = response.outputs[key]
+        assert not tensor.tensor_content and len(tensor.float_val) == array.size
+        np.testing.assert_array_equal(np.array(tensor.float_val, dtype=np.float32).reshape(array.shape), array)
     version = int(rest.headers["X-Model-Version"])
     assert (response.model_spec.name, response.model_spec.version.value) == (name, version)
     assert response.model_spec.signature_name == "serving_default"
@@ -145,6 +149,7 @@ def test_documented_half_plus_two_example(predictions: Any) -> None:
     response = predictions.Predict(predict_request("half_plus_two", {"x": np.array([[1.0], [2.0], [5.0]], np.float32)}),
                                    timeout=30)
     np.testing.assert_array_equal(outputs_of(response)["y"], [[2.5], [3.0], [4.5]])
+    assert list(response.outputs["y"].float_val) == [2.5, 3.0, 4.5]
     assert response.model_spec.version.value == 123
 
 

@@ -36,6 +36,7 @@ TF_NAMES = {name: ENUM_NAMES[number] for name, number in ENUMS.items()}
 WIRE = {number: np.dtype(name).newbyteorder("<") for number, (name, _) in DTYPES.items() if name != "string"}
 NATIVE = {number: np.dtype(name) for number, (name, _) in DTYPES.items() if name != "string"}
 LITTLE_ENDIAN = sys.byteorder == "little"
+PACKED_FIXED = {1: 5, 2: 6}  # DT_FLOAT -> float_val's field number, DT_DOUBLE -> double_val's
 
 
 def dtype_name(number: int) -> str:
@@ -113,8 +114,34 @@ def to_array(proto: Any, name: str) -> np.ndarray:
                           f"({count} expected, or 1 to fill the shape)")
 
 
+def _varint(value: int) -> bytes:
+    """A protobuf varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _fill_typed(array: np.ndarray, proto: Any, number: int) -> None:
+    """The values into the dtype's typed field, as TF Serving's Tensor::AsProtoField writes them.
+
+    NOTE: float_val and double_val are packed fixed-width fields: their bytes are the array's
+    little-endian bytes, merged in as one field (a list of Python floats cost 27x more for 8000 values).
+    """
+    flat = array.reshape(-1)
+    if number in PACKED_FIXED:
+        data = flat.astype(WIRE[number], copy=False).tobytes()
+        proto.MergeFromString(bytes([PACKED_FIXED[number] << 3 | 2]) + _varint(len(data)) + data)
+    elif number == ENUMS["float16"]:
+        proto.half_val.extend(flat.view(np.uint16).tolist())  # the half's bits, as TF writes them
+    else:
+        getattr(proto, DTYPES[number][1]).extend(flat.tolist())
+
+
 def from_array(array: np.ndarray, proto: Any, name: str = "") -> None:
-    """Fill an empty TensorProto with an output array: numbers as tensor_content, strings as string_val (as TF Serving)."""
+    """Fill an empty TensorProto with an output array: values in the dtype's typed field (float_val, ...), as TF Serving."""
     kind = array.dtype.kind
     if kind in "OSU":
         proto.dtype = ENUMS["string"]
@@ -128,7 +155,7 @@ def from_array(array: np.ndarray, proto: Any, name: str = "") -> None:
             raise ApiError(f"output {name!r} is {array.dtype.name}, which forkserve cannot send as a TensorProto",
                            status=500)
         proto.dtype = number
-        proto.tensor_content = array.astype(WIRE[number], copy=False).tobytes()
+        _fill_typed(array, proto, number)
     dims = proto.tensor_shape.dim
     for size in array.shape:
         dims.add().size = size

@@ -107,6 +107,8 @@ def test_outputs_read_back_with_make_ndarray(dtype: str) -> None:
         out = tensor_pb2.TensorProto()
         from_array(array, out)
         assert out.dtype == ENUMS[dtype]
+        # TF Serving's Tensor::AsProtoField: the values in the dtype's typed field, never tensor_content
+        assert not out.tensor_content and len(getattr(out, DTYPES[out.dtype][1])) == np.asarray(array).size
         assert_same(tf.make_ndarray(out), np.asarray(array))
         assert_same(to_array(out, "y"), np.asarray(array))
 
