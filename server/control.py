@@ -9,9 +9,11 @@ is atomic (server.state.write_json); nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,13 +22,14 @@ from typing import Any
 
 from server import run_dir as run_directory
 from server import write_errors
-from server.state import read_json, write_json
+from server.state import write_json
 
 REQUESTS = Path("control") / "requests"
 ANSWERS = Path("control") / "answers"
 INDEX = "repository.json"
 ACTIONS = ("load", "unload")
 REQUEST_NAME = re.compile(r"^[0-9]{20}-[0-9]+-[0-9a-f]{8}\.json$")  # anything else in the directory is not ours
+MAX_FILE_BYTES = 4 * 1024 * 1024  # a request holds a config of at most 64 KiB; the index, a line per model
 
 # Worker: set by server.worker.gthread once this worker stopped accepting connections for good (a retiring
 # worker's load or unload call answers then: server.dataplane.repository). NOTE: here, in the core, because
@@ -56,12 +59,30 @@ def ask(run_dir: Path, action: str, model: str, override: dict[str, Any]) -> str
     return request_id
 
 
-def waiting(run_dir: Path) -> bool:
-    """Master: whether any request waits (one directory read)."""
+def waiting(run_dir: Path, taken: set[str]) -> bool:
+    """Master: whether a request it has not taken yet waits (one directory read)."""
     try:
-        return any(REQUEST_NAME.match(name) for name in os.listdir(run_dir / REQUESTS))
+        return any(REQUEST_NAME.match(name) and name.removesuffix(".json") not in taken
+                   for name in os.listdir(run_dir / REQUESTS))
     except OSError:
         return False
+
+
+def _read(path: Path) -> Any:
+    """A control file's JSON: None unless it is a regular file (no symlink, FIFO or device) of at most MAX_FILE_BYTES."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
+            return None
+        return json.loads(os.read(fd, MAX_FILE_BYTES + 1))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def pending(run_dir: Path) -> list[ControlRequest]:
@@ -75,10 +96,9 @@ def pending(run_dir: Path) -> list[ControlRequest]:
     for name in names:
         if not REQUEST_NAME.match(name):
             continue
-        data = read_json(directory / name)
-        request = _request(name.removesuffix(".json"), data)
-        if request is None:
-            run_directory.remove_file(directory / name)
+        request = _request(name.removesuffix(".json"), _read(directory / name))
+        if request is None:  # NOTE: planted or malformed (a directory, a FIFO, a link): gone, whatever it is
+            run_directory.remove_tree(directory / name)
             continue
         found.append(request)
     return found
@@ -107,7 +127,7 @@ def answer(run_dir: Path, request: ControlRequest, ok: bool, message: str, retir
 def take_answer(run_dir: Path, request_id: str) -> tuple[bool, str, bool] | None:
     """Worker: the master's answer to a request, (ok, message, retiring), removed once read; None while there is none."""
     path = run_dir / ANSWERS / f"{request_id}.json"
-    data = read_json(path)
+    data = _read(path)
     if not isinstance(data, dict):
         return None
     run_directory.remove_file(path)
@@ -148,6 +168,6 @@ def write_index(run_dir: Path, mode: str, models: dict[str, dict[str, Any]]) -> 
 
 def read_index(run_dir: Path) -> dict[str, dict[str, Any]]:
     """Worker: the models of the repository index as the master last wrote it ({} before its first pass)."""
-    data = read_json(run_dir / INDEX)
+    data = _read(run_dir / INDEX)
     models = data.get("models") if isinstance(data, dict) else None
     return models if isinstance(models, dict) else {}

@@ -30,6 +30,7 @@ log = logging.getLogger("forkserve.repository")
 ANSWER_POLL = 0.1  # seconds between a worker's looks for its calls' answers
 RETIRE_WAIT = 10.0  # seconds a retiring worker's call waits for it to stop accepting before it answers anyway
 STOP_KEEPALIVE_LINGER = 2.0  # gunicorn 27 gthread's: a stopping worker closes its idle keep-alive connections by then
+STOPPED_GRACE = 1.0  # seconds a stopping worker's call still waits for the master's answer before it answers 503
 STOPPED_ACCEPTING = control.STOPPED_ACCEPTING  # set once this worker stopped accepting for good
 
 
@@ -76,8 +77,15 @@ class AnswerWatch:
         call.future.cancel()
 
     def _run(self) -> None:
-        """Watch thread: look for answers while calls wait; ends when none does."""
+        """Watch thread: look for answers while calls wait; ends when none does.
+
+        NOTE: a worker that stops (a rollout retiring it) before the master answered its call answers
+        503 within STOPPED_GRACE instead of holding its retirement up to graceful_timeout; the master
+        still does what it took up. A call the master answers as it retires the worker (its caller)
+        has its answer written before the stop, and finds it first.
+        """
         stop = threading.Event()
+        stopped_at: float | None = None
         while True:
             with self._lock:
                 waiting, run_dir = list(self._waiting.values()), self._run_dir
@@ -90,7 +98,20 @@ class AnswerWatch:
                     with self._lock:
                         self._waiting.pop(call.request_id, None)
                     call.future.set_result(found)
+            if STOPPED_ACCEPTING.is_set():
+                stopped_at = stopped_at or time.monotonic()
+                if time.monotonic() - stopped_at > STOPPED_GRACE:
+                    self._give_up_stopping()
             stop.wait(ANSWER_POLL)
+
+    def _give_up_stopping(self) -> None:
+        """Watch thread, the worker stopping: the calls still without an answer end with 503."""
+        with self._lock:
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for call in waiting:
+            call.future.set_exception(ApiError(
+                "this worker stopped (a rolling restart) before the master answered: the load or unload goes on; "
+                "see the repository index, or call again", status=503))
 
 
 ANSWERS = AnswerWatch()

@@ -10,11 +10,12 @@ so a small call runs on the loop from message to answer. A flow that is closed w
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, TypeVar
 
-from server.models.reply import ReplyTimeout
+from server.models.reply import Reply, ReplyTimeout
 
 T = TypeVar("T")
 
@@ -33,6 +34,29 @@ class Wait:
 
 
 Steps = Generator[Wait, Any, T]
+
+
+class Detached:
+    """Work run on a thread of its own, waited for as a flow's Wait: its reply comes when it returns or raises."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self.future = Reply()
+        threading.Thread(target=self._run, args=(work,), name="forkserve-detached", daemon=True).start()
+
+    def _run(self, work: Callable[[], Any]) -> None:
+        try:
+            self.future.set_result(work())
+        except BaseException as exc:  # NOTE: handed to the flow, which maps it like any failure
+            self.future.set_exception(exc)
+
+    def abandon(self, job: Any) -> None:
+        """The caller left: the work finishes on its own and nobody reads it."""
+
+
+def detached(work: Callable[[], T], timeout: float) -> Steps[T]:
+    """Run `work` off the driver's thread (the gRPC loop must not wait on a file lock) and wait for it."""
+    job = Detached(work)
+    return (yield Wait(job, job, timeout))
 
 
 def run_blocking(steps: Steps[T], on_wait: Callable[[Wait], None] | None = None) -> T:

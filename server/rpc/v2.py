@@ -13,7 +13,7 @@ from server.dataplane.models import v2_model_config, v2_model_metadata, v2_model
 from server.dataplane.requests import model_address
 from server.dataplane import repository
 from server.dataplane.statistics import v2_statistics
-from server.models.flow import Steps
+from server.models.flow import Steps, detached
 from server.models.registry import ModelVersion
 from server.protocols.v2 import messages, proto_codec
 from server.rpc.calls import Calls, predict_tensors
@@ -21,6 +21,7 @@ from server.settings import Settings
 from server.telemetry import measure
 
 SERVICE = "inference.GRPCInferenceService"
+STATISTICS_TIMEOUT = 30.0  # seconds a statistics call may wait for the metric files
 
 
 class InferenceService:
@@ -72,9 +73,10 @@ class InferenceService:
         return self.calls.run(context, f"/{SERVICE}/ModelConfig", work, self.messages.ModelConfigResponse())
 
     def ModelStatistics(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def work() -> tuple[Any, None]:
+        def work() -> Steps[tuple[Any, None]]:
             number = model_address(request.name, request.version or None)[1] if request.name else None
-            found = v2_statistics(self.calls.registry, request.name, number)
+            # NOTE: off the event loop: reading the metric files waits for the master's folding of a dead worker's
+            found = yield from detached(lambda: v2_statistics(self.calls.registry, request.name, number), STATISTICS_TIMEOUT)
             return json_format.ParseDict(found, self.messages.ModelStatisticsResponse()), None
 
         return self.calls.run(context, f"/{SERVICE}/ModelStatistics", work, self.messages.ModelStatisticsResponse())

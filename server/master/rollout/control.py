@@ -51,7 +51,10 @@ class ModelControl:
     def take(self, config: ServerConfig) -> None:
         """Take the calls waiting: refuse what cannot be done at once, apply the rest to the loaded set."""
         control.drop_stale_answers(self.run_dir, STALE_ANSWER_SECONDS)
+        taken = self.taken()
         for request in control.pending(self.run_dir):
+            if request.id in taken:  # NOTE: taken by an earlier pass that is not over (a rollout held for a copy)
+                continue
             log.info("forkserve: %s of model %r asked by worker %d (request %s)", request.action, request.model,
                      request.pid, request.id)
             refusal = self._refusal(request, config)
@@ -84,6 +87,20 @@ class ModelControl:
     def callers(self) -> set[int]:
         """Workers holding a call of this pass: the rollout replaces them last."""
         return {request.pid for request in self.calls}
+
+    def taken(self) -> set[str]:
+        """Ids of the calls taken and not yet answered."""
+        return {request.id for request in self.calls}
+
+    def holding_untaken(self) -> set[int]:
+        """Workers holding a call that arrived after this pass took its own: the rollout leaves them to the next pass.
+
+        NOTE: retired now, such a worker would wait graceful_timeout for an answer only the next pass
+        gives, and the rollout with it; left alone, it is a straggler the next pass replaces last.
+        """
+        taken, callers = self.taken(), self.callers()
+        return {request.pid for request in control.pending(self.run_dir)
+                if request.id not in taken and request.pid not in callers}  # NOTE: a caller of this pass must go
 
     def before_retire(self, pid: int, target: Target) -> None:
         """The rollout retires `pid`, every other worker on `target`: answer the calls it holds now.

@@ -58,6 +58,8 @@ class RolloutController:
         self.driver = RollingRestart(fleet, run_dir, knobs, self.desired, self.ledger, self.exits, self._stopping)
         self.control = ModelControl(run_dir, models_dir, model_control, load_models)
         self.driver.before_retire = self.control.before_retire
+        self.driver.holding = self.control.holding_untaken
+        self._last_pass = 0.0  # monotonic start of the last pass
         self._lock = threading.Lock()  # guards the reload counts, shared with the main thread
         self._reloads_requested = 0
         self._reloads_handled = 0
@@ -119,12 +121,19 @@ class RolloutController:
                 log.exception("forkserve: rollout pass failed; old workers keep serving")
 
     def _wait_for_a_pass(self) -> None:
-        """Sleep one poll interval, less when woken or when a load or unload call waits (looked at every 0.25 s)."""
+        """Sleep one poll interval, less when woken or when a new load or unload call waits (looked at every 0.25 s).
+
+        NOTE: never two passes less than CALL_POLL apart, and only a call no pass took wakes it: a call
+        held by a rollout that waits for a copy, or a run directory that cannot be written, must not
+        turn the thread into a busy loop (nor shorten the scanner's "unchanged between two polls").
+        """
         deadline = time.monotonic() + self.knobs.poll_interval
+        self._wake.wait(max(0.0, self._last_pass + CALL_POLL - time.monotonic()))
         while not self._wake.is_set() and time.monotonic() < deadline:
-            if control.waiting(self.run_dir):
-                return
+            if control.waiting(self.run_dir, self.control.taken()):
+                break
             self._wake.wait(min(CALL_POLL, max(0.0, deadline - time.monotonic())))
+        self._last_pass = time.monotonic()
 
     def poll(self) -> None:
         """One pass: the load and unload calls waiting, then the rollout if needed; every call taken is answered."""

@@ -57,6 +57,7 @@ class RollingRestart:
         self.exits = exits
         self.stopping = stopping
         self.callers: set[int] = set()  # workers holding a load or unload call: replaced last (.control)
+        self.holding: Callable[[], set[int]] | None = None  # workers holding a call a later pass takes: left alone
         self.before_retire: Callable[[int, Target], None] | None = None  # told before a worker is retired
         self.last_detail = ""  # why the last rollout did not finish ("" when it did)
 
@@ -145,6 +146,9 @@ class RollingRestart:
             states, pids = workers.states, workers.live
             must_go &= set(pids)
             stale = [p for p in pids if p in must_go or (p in states and states[p].generation != target.generation)]
+            if stale and self.holding is not None:
+                left = self.holding()
+                stale = [p for p in stale if p not in left]  # NOTE: the next pass replaces them, last
             stale.sort(key=lambda pid: pid in self.callers)  # NOTE: a caller answers once the others are on the target
             booting = [p for p in pids if p not in states or not states[p].loaded]  # not proven the target yet
             if stale and stale[0] in self.callers and booting and time.monotonic() - waited_since <= self.knobs.boot_timeout:

@@ -14,7 +14,7 @@ import orjson
 from server.errors import InvalidArgument
 
 SETTABLE = ("max_batch_size", "dynamic_batching", "version_policy")
-INFORMATIVE = ("name", "platform", "backend", "input", "output", "parameters")  # what the config call answers, checked
+INFORMATIVE = ("name", "platform", "backend", "input", "output", "parameters")  # the config call's: accepted, not applied
 BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size", "preserve_ordering"}
 MAX_CONFIG_BYTES = 64 * 1024
 
@@ -41,10 +41,10 @@ def override_table(model: str, config_json: str | bytes) -> dict[str, Any]:
     if config.get("name", model) != model:
         raise refused(model, f"the config names model {config['name']!r}")
     table: dict[str, Any] = {}
-    if "max_batch_size" in config:
+    if config.get("max_batch_size", 0) != 0:  # NOTE: 0 is what the config call answers for a model that cannot batch
         size = config["max_batch_size"]
         if type(size) is not int or size < 1:
-            raise refused(model, f"max_batch_size must be an integer >= 1, got {size!r} (forkserve always batches)")
+            raise refused(model, f"max_batch_size must be an integer >= 0, got {size!r} (0: the model's own)")
         table["max_batch_size"] = size
     if "dynamic_batching" in config:
         table.update(_batching(model, config["dynamic_batching"]))

@@ -80,7 +80,9 @@ def test_a_failed_load_is_the_master_s_message_as_invalid_argument(explicit: Set
         run_blocking(repository.change(explicit, "load", "m", None, "peer"))
 
 
-def test_a_retiring_worker_answers_only_once_it_stopped_accepting(explicit: Settings, stopped_accepting: threading.Event) -> None:
+def test_a_retiring_worker_answers_only_once_it_stopped_accepting(explicit: Settings, stopped_accepting: threading.Event,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(repository, "STOP_KEEPALIVE_LINGER", 0.2)
     quick = dataclasses.replace(explicit, grpc_bind="")
     master_answers(explicit.run_dir, True, "unloaded 'm'", retiring=True)
     answered = threading.Event()
@@ -88,7 +90,17 @@ def test_a_retiring_worker_answers_only_once_it_stopped_accepting(explicit: Sett
                      daemon=True).start()
     assert not answered.wait(1.0)
     stopped_accepting.set()
-    assert answered.wait(repository.STOP_KEEPALIVE_LINGER + 2.0)
+    assert answered.wait(10.0)
+
+
+def test_a_worker_that_stops_before_the_master_answers_ends_the_call_with_503(
+        explicit: Settings, stopped_accepting: threading.Event) -> None:
+    """A rollout retired it before its call was taken up: 503 within a second, not graceful_timeout's hold."""
+    stopped_accepting.set()
+    with pytest.raises(ApiError) as caught:
+        run_blocking(repository.change(explicit, "load", "m", None, "peer"))
+    assert caught.value.status == 503 and "the load or unload goes on" in caught.value.message
+    assert len(control.pending(explicit.run_dir)) == 1  # the master still takes it up
 
 
 def test_no_answer_in_time_is_a_504_and_the_request_is_withdrawn(explicit: Settings) -> None:

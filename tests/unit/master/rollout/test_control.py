@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -147,3 +148,40 @@ def test_a_malformed_request_file_is_removed_and_a_planted_name_left_alone(fx: E
     planted.write_text("{}")
     fx.controller.poll()
     assert not malformed.exists() and planted.exists() and fx.served() == {"a"}
+
+
+def test_a_call_that_arrives_during_a_rollout_leaves_its_worker_to_the_next_pass(fx: Explicit) -> None:
+    """Retired by the running rollout, its worker would hold its call until graceful_timeout: left, then replaced last."""
+    fx.arbiter.num_workers = 3
+    fx.arbiter.manage_workers()
+    wait_for(lambda: len(fx.pids()) == 3, "a third worker")
+    fx.controller.poll()  # it runs the target already
+    first_caller, replaced_first, late_caller = fx.pids()
+    first = fx.ask("load", "b", pid=first_caller)
+    late: list[str] = []
+    boot = fx.arbiter.boot
+
+    def boot_and_call(pid: int, target):  # the first new worker's boot: a second call arrives meanwhile
+        if not late:  # while replaced_first is replaced
+            late.append(fx.ask("load", "c", pid=late_caller))
+        return boot(pid, target)
+
+    fx.arbiter.boot = boot_and_call
+    fx.controller.poll()
+    assert fx.answer(first)[0]
+    assert late_caller in fx.arbiter.WORKERS  # not retired by the first rollout
+    fx.arbiter.boot = boot
+    fx.controller.poll()
+    assert fx.answer(late[0]) == (True, "loaded 'c'", True)
+    assert late_caller not in fx.arbiter.WORKERS and fx.served() == {"a", "b", "c"}
+    assert [pid for pid, _ in fx.arbiter.exits][-1] == late_caller
+
+
+def test_a_taken_call_does_not_wake_the_thread_again_and_a_new_one_does(fx: Explicit) -> None:
+    fx.controller.control.calls.append(control.ControlRequest(fx.ask("load", "b"), "load", "b"))  # taken, not answered
+    woke = threading.Event()
+    thread = threading.Thread(target=lambda: (fx.controller._wait_for_a_pass(), woke.set()), daemon=True)
+    thread.start()
+    assert not woke.wait(0.8)  # poll_interval is 60 s: only a new call, or the wake event, ends the wait
+    fx.ask("unload", "a")
+    assert woke.wait(2.0)

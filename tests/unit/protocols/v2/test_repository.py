@@ -40,7 +40,7 @@ def test_the_config_answer_itself_loads_back_unchanged() -> None:
     ("[1]", "must be a JSON object"),
     ('{"instance_group": [{"count": 2}]}', "forkserve cannot set instance_group"),
     ('{"name": "other"}', "the config names model 'other'"),
-    ('{"max_batch_size": 0}', "max_batch_size must be an integer >= 1"),
+    ('{"max_batch_size": -1}', "max_batch_size must be an integer >= 0"),
     ('{"dynamic_batching": {"priority_levels": 2}}', "dynamic_batching may set"),
     ('{"dynamic_batching": {"preserve_ordering": true}}', "preserve_ordering"),
     ('{"version_policy": {"newest": {}}}', "version_policy must be one of latest, all or specific"),
@@ -52,3 +52,12 @@ def test_malformed_or_unsupported_configs_are_a_failed_load_naming_the_model(con
     with pytest.raises(InvalidArgument) as caught:
         override_table("m", config)
     assert caught.value.message.startswith("failed to load 'm': ") and why in caught.value.message
+
+
+def test_a_non_batching_model_s_fetched_config_loads_back() -> None:
+    """max_batch_size 0 is what the config call answers for a model without a free batch dimension: the model's own."""
+    fixed = SignatureInfo("serving_default", "predict", {"x": TensorInfo("x", "float32", (3,))},
+                          {"y": TensorInfo("y", "float32", (3,))})
+    fetched = model_config("m", "keras", ModelConfig(), fixed)
+    assert fetched["max_batch_size"] == 0
+    assert override_table("m", orjson.dumps(fetched)) == {"version_policy": "latest", "latest": 1}
