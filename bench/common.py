@@ -6,7 +6,9 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 from tests.support.harness import ROOT
 
@@ -87,3 +89,10 @@ def rss_mib(pids: list[int]) -> float:
         status = Path(f"/proc/{pid}/status").read_text()
         sizes.append(int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024)
     return sum(sizes) / max(len(sizes), 1)
+
+
+def timed(step: Callable[[], Any]) -> tuple[float, Any]:
+    """(seconds `step` took, what it returned): the in-process benchmarks' one clock."""
+    started = time.perf_counter()
+    result = step()
+    return time.perf_counter() - started, result

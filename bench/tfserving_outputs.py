@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
+from bench.common import timed
 from server.protocols.tfserving import tensor_proto
 
 CASES = {
@@ -61,12 +60,6 @@ def typed_listed(array: np.ndarray) -> bytes:
 
 def read(wire: bytes) -> np.ndarray:
     return tf.make_ndarray(predict_pb2.PredictResponse.FromString(wire).outputs["y"])
-
-
-def timed(step: Callable[[], Any]) -> tuple[float, Any]:
-    started = time.perf_counter()
-    result = step()
-    return time.perf_counter() - started, result
 
 
 def main() -> None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from bench.common import timed
 from server.protocols.v2 import proto_codec
 from server.protocols.v2.messages import protos
 
@@ -55,12 +55,6 @@ def read_raw(messages: Any, wire: bytes, dtype: Any) -> np.ndarray:
     response = messages.ModelInferResponse.FromString(wire)
     return np.frombuffer(response.raw_output_contents[0], dtype=np.dtype(dtype).newbyteorder("<")).reshape(
         list(response.outputs[0].shape))
-
-
-def timed(step: Callable[[], Any]) -> tuple[float, Any]:
-    started = time.perf_counter()
-    result = step()
-    return time.perf_counter() - started, result
 
 
 def main() -> None:
