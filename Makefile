@@ -45,9 +45,10 @@ unit: install-dev
 e2e: install-dev system-deps
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests/e2e
 
-# server/protocols/v2/protos/open_inference_pb2.py, committed, from the .proto beside them (tests/unit/rpc/test_messages.py checks).
+# The *_pb2.py under server/protocols/*/protos, committed, from the .proto beside them (tests check they match).
 protos: install-dev
 	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. server/protocols/v2/protos/open_inference.proto
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. server/protocols/tfserving/protos/config.proto
 
 lint: install-dev
 	$(BIN)/ruff check --select F,E9 server tests bench scripts gunicorn.conf.py

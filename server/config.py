@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -44,6 +45,7 @@ class ModelConfig:
     allow_non_finite: bool = False
     handler: bool = False  # run the version's handler.py; a handler.py without this fails the version
     payload_log_sample: float = 0.0  # `payload_log = { sample = F }`: the share of requests logged (server.telemetry.payloads)
+    base_path: str = ""  # an absolute directory holding the model's version directories; empty: <repository>/<name>
 
     @property
     def padded_batch_sizes(self) -> list[int]:
@@ -88,6 +90,7 @@ class ModelConfig:
             (self.image_mode in ("",) + IMAGE_MODES, f"image_mode must be one of {IMAGE_MODES}"),
             (self.max_image_pixels >= 1, "max_image_pixels must be >= 1"),
             (0 <= self.payload_log_sample <= 1, "payload_log.sample must be between 0 and 1"),
+            (not self.base_path or os.path.isabs(self.base_path), f"base_path must be an absolute path, got {self.base_path!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -170,12 +173,20 @@ def parse_config(data: dict[str, Any]) -> ServerConfig:
     if unknown:
         raise ConfigError(f"models.toml: unknown table(s) {sorted(unknown)}")
     defaults = _model_config(data.get("defaults", {}), ModelConfig(), "[defaults]")
+    if defaults.base_path:
+        raise ConfigError("[defaults]: base_path is a model's own setting ([models.NAME])")
     if not isinstance(data.get("models", {}), dict):
         raise ConfigError("[models]: must be a table of [models.NAME] tables")
     models = {
         name: _model_config(table, defaults, f"[models.{name}]", name)
         for name, table in data.get("models", {}).items()
     }
+    from server.repository import is_model_name  # NOTE: here, not at the top: server.repository imports this module
+
+    for name, settings in models.items():
+        if settings.base_path and not is_model_name(name):
+            raise ConfigError(f"[models.{name}]: a model name has letters, digits, '_', '.' and '-' "
+                              "(it is a URL path segment), and is not all digits", name)
     return ServerConfig(defaults=defaults, models=models, source=data)
 
 
@@ -188,6 +199,20 @@ def with_overrides(config: ServerConfig, overrides: dict[str, dict[str, Any]]) -
     for name, table in overrides.items():
         if table:
             models[name] = {**models.get(name, {}), **table}
+    return parse_config(source)
+
+
+def with_model_server_config(config: ServerConfig, defaults: dict[str, Any], models: dict[str, dict[str, Any]]) -> ServerConfig:
+    """models.toml under TF Serving's files: `defaults` over its [defaults], and each model's table over its own.
+
+    TF Serving's ModelServerConfig decides which models are served, from where, with which
+    versions and labels; models.toml keeps every other setting, per model.
+    """
+    source = copy.deepcopy(config.source)
+    source["defaults"] = {**source.get("defaults", {}), **defaults}
+    tables = source.setdefault("models", {})
+    for name, table in models.items():
+        tables[name] = {**tables.get(name, {}), **table}
     return parse_config(source)
 
 

@@ -1,4 +1,4 @@
-"""Scan the model repository `<root>/<name>/<version>/` (no TensorFlow; the master may use it)."""
+"""Scan the model repository `<root>/<name>/<version>/`, and models kept elsewhere (`base_path`) (no TensorFlow; the master may use it)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.config import ModelConfig
+from server.config import ModelConfig, ServerConfig
 
 # NOTE: names are also URL path segments; this pattern is what keeps "..", "/" and "%2F" out.
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -127,10 +127,22 @@ def stray_entries(model_dir: Path) -> dict[str, str]:
     return stray
 
 
+def model_dir(root: Path | None, config: ServerConfig, name: str) -> Path | None:
+    """Where model `name`'s version directories are: its `base_path`, else `<root>/<name>` (None: nowhere)."""
+    base_path = config.for_model(name).base_path if name in config.models else ""
+    if base_path:
+        return Path(base_path)
+    return root / name if root is not None else None
+
+
 def scan_model(root: Path, name: str) -> list[VersionSource]:
-    """Versions of one model, newest first."""
+    """Versions of one model of the repository `root`, newest first."""
+    return scan_versions(root / name, name)
+
+
+def scan_versions(model_dir: Path, name: str) -> list[VersionSource]:
+    """Versions of model `name` in `model_dir`, newest first."""
     versions = []
-    model_dir = root / name
     try:
         entries = list(model_dir.iterdir())
     except OSError:
@@ -147,13 +159,22 @@ def scan_model(root: Path, name: str) -> list[VersionSource]:
     return sorted(versions, key=lambda v: v.version, reverse=True)
 
 
-def scan(root: Path) -> dict[str, list[VersionSource]]:
-    """Every model in the repository with its versions, newest first."""
-    try:
-        entries = sorted(root.iterdir())
-    except OSError:
-        return {}
-    return {entry.name: scan_model(root, entry.name) for entry in entries if is_model_name(entry.name) and _is_dir(entry)}
+def scan(root: Path | None, config: ServerConfig | None = None) -> dict[str, list[VersionSource]]:
+    """Every model with its versions, newest first: the repository's (`root`, may be None) and those with a `base_path`.
+
+    A model with a base_path is read there even when the repository has a directory of that name.
+    """
+    found: dict[str, list[VersionSource]] = {}
+    if root is not None:
+        try:
+            entries = sorted(root.iterdir())
+        except OSError:
+            entries = []
+        found = {entry.name: scan_model(root, entry.name) for entry in entries if is_model_name(entry.name) and _is_dir(entry)}
+    for name, settings in (config.models if config is not None else {}).items():
+        if settings.base_path:
+            found[name] = scan_versions(Path(settings.base_path), name)
+    return dict(sorted(found.items()))
 
 
 def _is_dir(path: Path) -> bool:

@@ -8,11 +8,12 @@ own variables before their import.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import secrets
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from server import run_dir as run_directory
@@ -163,6 +164,39 @@ def _without_last_link(given: str) -> Path:
     return path.parent.resolve() / path.name if path.name else path
 
 
+def _models_dir(raw: str) -> Path | None:
+    """FORKSERVE_MODELS as an absolute path; empty: no repository (the models with a base_path only)."""
+    return Path(raw).resolve() if raw.strip() else None
+
+
+def _absolute_or_none(raw: str) -> Path | None:
+    return Path(os.path.abspath(raw.strip())) if raw.strip() else None
+
+
+def _one_model(raw: str) -> tuple[str, str] | None:
+    """FORKSERVE_TFSERVING_MODEL: NAME=BASE_PATH."""
+    if not raw.strip():
+        return None
+    name, equals, base_path = raw.strip().partition("=")
+    if not equals or not name or not base_path:
+        raise ValueError(f"FORKSERVE_TFSERVING_MODEL must be NAME=BASE_PATH, got {raw!r}")
+    return name, base_path
+
+
+def _json_table(name: str) -> dict:
+    """A JSON object from the environment ({} when unset)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, got {raw!r}")
+    return value
+
+
 MODEL_CONTROL_MODES = ("poll", "explicit")
 
 _current: "Settings | None" = None
@@ -172,7 +206,7 @@ _current: "Settings | None" = None
 class Settings:
     """Everything forkserve reads from its environment, resolved once."""
 
-    models_dir: Path
+    models_dir: Path | None  # the repository; None (FORKSERVE_MODELS empty): only models with a base_path
     conf_path: Path
     bind: str
     workers: int
@@ -212,6 +246,17 @@ class Settings:
     load_models: tuple[str, ...] = ()  # FORKSERVE_LOAD_MODELS: models explicit mode loads at start
     repository_api: bool = True  # FORKSERVE_REPOSITORY_API: the repository index, load and unload calls (0: refused, 403)
     repository_timeout: float = 600.0  # FORKSERVE_REPOSITORY_TIMEOUT: seconds a load or unload call waits for every worker
+    # TF Serving's model configuration (server.master.model_server_config; `python -m server tfserving` sets these):
+    tfserving_model_config: Path | None = None  # FORKSERVE_TFSERVING_MODEL_CONFIG: a ModelServerConfig text-proto file
+    tfserving_model: tuple[str, str] | None = None  # FORKSERVE_TFSERVING_MODEL: NAME=BASE_PATH, one model (--model_name)
+    tfserving_model_config_poll: float = 0.0  # FORKSERVE_TFSERVING_MODEL_CONFIG_POLL: seconds between reads (0: once)
+    tfserving_defaults: dict = field(default_factory=dict)  # FORKSERVE_TFSERVING_DEFAULTS: a JSON [defaults] table
+    tfserving_labels_for_unavailable: bool = False  # FORKSERVE_TFSERVING_LABELS_FOR_UNAVAILABLE_MODELS
+
+    @property
+    def tfserving(self) -> bool:
+        """Whether TF Serving's model configuration decides the served models."""
+        return self.tfserving_model_config is not None or self.tfserving_model is not None
 
     @property
     def tls(self) -> bool:
@@ -232,11 +277,14 @@ class Settings:
         load_models = _load_models(os.environ.get("FORKSERVE_LOAD_MODELS", ""))
         if load_models and model_control != "explicit":  # NOTE: as Triton's --load-model: poll mode serves the whole repository
             raise ValueError("FORKSERVE_LOAD_MODELS needs FORKSERVE_MODEL_CONTROL=explicit (poll mode serves every model)")
+        if model_control == "explicit" and (os.environ.get("FORKSERVE_TFSERVING_MODEL_CONFIG") or os.environ.get("FORKSERVE_TFSERVING_MODEL")):
+            raise ValueError("FORKSERVE_MODEL_CONTROL=explicit does not go with TF Serving's model configuration, "
+                             "which names the served models itself (HandleReloadConfigRequest changes them)")
         tls_cert, tls_key, tls_client_ca = _tls_files(
             os.environ.get("FORKSERVE_TLS_CERT", ""), os.environ.get("FORKSERVE_TLS_KEY", ""),
             os.environ.get("FORKSERVE_TLS_CLIENT_CA", ""))
         return cls(
-            models_dir=Path(os.environ.get("FORKSERVE_MODELS", "models")).resolve(),
+            models_dir=_models_dir(os.environ.get("FORKSERVE_MODELS", "models")),
             conf_path=conf_path_from_env(),
             bind=os.environ.get("FORKSERVE_BIND", DEFAULT_BIND),
             workers=_env_int("FORKSERVE_WORKERS", cpus) or cpus,
@@ -276,6 +324,11 @@ class Settings:
             load_models=load_models,
             repository_api=_env_flag("FORKSERVE_REPOSITORY_API", "1"),
             repository_timeout=_env_seconds("FORKSERVE_REPOSITORY_TIMEOUT", 600.0),
+            tfserving_model_config=_absolute_or_none(os.environ.get("FORKSERVE_TFSERVING_MODEL_CONFIG", "")),
+            tfserving_model=_one_model(os.environ.get("FORKSERVE_TFSERVING_MODEL", "")),
+            tfserving_model_config_poll=_env_zero_or_positive("FORKSERVE_TFSERVING_MODEL_CONFIG_POLL", 0.0, "seconds", "read once"),
+            tfserving_defaults=_json_table("FORKSERVE_TFSERVING_DEFAULTS"),
+            tfserving_labels_for_unavailable=_env_flag("FORKSERVE_TFSERVING_LABELS_FOR_UNAVAILABLE_MODELS", "0"),
         )
 
     @classmethod

@@ -34,7 +34,10 @@ def _warn_about_a_missing_conf(args: argparse.Namespace, command: str) -> None:
 
 
 def _models(args: argparse.Namespace) -> Path:
-    return (args.models or Settings.from_env().models_dir).resolve()
+    models = args.models or Settings.from_env().models_dir
+    if models is None:
+        raise PublishError("no model repository: give --models DIR (FORKSERVE_MODELS is empty)")
+    return models.resolve()
 
 
 def _publish(args: argparse.Namespace) -> int:

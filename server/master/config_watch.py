@@ -8,6 +8,9 @@ keeps the last configuration it accepted, logs the error once, sets
 forkserve_config_last_reload_successful to 0 and names the problem in every worker's /readyz;
 the next good version of the file is picked up and rolled out like a new model version. A file
 that disappears after it was read is such a problem too (an empty file means every default).
+
+With TF Serving's model configuration (server.master.model_server_config), the configuration is
+models.toml's under it: the same rules hold for both, each problem keeps the last good whole.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from server.config import (
     parse_config_bytes,
     read_config_bytes,
 )
+from server.master.model_server_config import ModelServerConfigSource
 from server.target import ConfigProblem
 
 log = logging.getLogger("forkserve.config")
@@ -30,17 +34,56 @@ log = logging.getLogger("forkserve.config")
 class ConfigWatch:
     """The accepted configuration and the current problem, if any."""
 
-    def __init__(self, path: Path, accepted: ServerConfig, report: Callable[[bool], None] | None = None) -> None:
+    def __init__(self, path: Path, accepted: ServerConfig, report: Callable[[bool], None] | None = None,
+                 model_server: ModelServerConfigSource | None = None) -> None:
         self.path = path
-        self.accepted = accepted  # what on_starting validated
-        self.problem: ConfigProblem | None = None
+        self.model_server = model_server
+        self._file_config = accepted  # models.toml's part: what on_starting validated
+        self.accepted = model_server.compose(accepted) if model_server is not None else accepted
+        self._layer_problem: ConfigProblem | None = None
+        self._file_problem: ConfigProblem | None = None
         self._report = report or (lambda ok: None)
         self._seen: bytes | None = _read_or_none(path)  # the bytes the accepted configuration came from
         self._settled = self._seen
         self._report(True)
 
-    def refresh(self) -> ServerConfig:
-        """Read the file again; the new configuration once it settled and is valid, else the last good one."""
+    def refresh(self, serving: set[tuple[str, int]] | None = None) -> ServerConfig:
+        """Read the files again; the new configuration once it settled and is valid, else the last good one.
+
+        `serving`: the versions workers serve now (TF Serving's labels may name only those).
+        """
+        config = self._refresh_file()
+        if self.model_server is None:
+            return self.accepted
+        self.model_server.refresh(serving or set())
+        return self.compose(config)
+
+    @property
+    def problem(self) -> ConfigProblem | None:
+        """What is wrong with models.toml, else with TF Serving's model configuration, now."""
+        return self._file_problem or self._layer_problem
+
+    def compose(self, file_config: ServerConfig | None = None) -> ServerConfig:
+        """models.toml's configuration under TF Serving's models, taken when valid; a problem keeps the last good one."""
+        assert self.model_server is not None
+        problem = ConfigProblem(self.model_server.problem) if self.model_server.problem else None
+        try:
+            composed = self.model_server.compose(file_config or self._file_config)
+        except ConfigError as exc:
+            problem = ConfigProblem(str(exc), exc.model)
+            if problem != self._layer_problem:
+                log.error("forkserve: %s; keeping the last good configuration", exc)
+                self._report(False)
+            self._layer_problem = problem
+            return self.accepted
+        if self._layer_problem is not None and problem is None:
+            self._report(True)
+        self._layer_problem = problem
+        self.accepted = composed
+        return composed
+
+    def _refresh_file(self) -> ServerConfig:
+        """models.toml's part: the new one once it settled and is valid, else the last good one."""
         try:
             raw = read_config_bytes(self.path)
             if raw is None and self._settled is not None:  # no file at the start means defaults; later, a mistake
@@ -49,32 +92,34 @@ class ConfigWatch:
             self._seen = None
             return self._refuse(exc)
         if raw is None:
-            return self.accepted
+            return self._file_config
         if raw != self._seen:  # changed since the last poll: wait until it stops changing
             self._seen = raw
-            return self.accepted
-        if raw == self._settled and self.problem is None:
-            return self.accepted
+            return self._file_config
+        if raw == self._settled and self._file_problem is None:
+            return self._file_config
         self._settled = raw
         try:
             config = parse_config_bytes(raw, self.path)
         except ConfigError as exc:
             return self._refuse(exc)
-        if self.problem is not None:
+        if self._file_problem is not None:
             log.info("forkserve: %s is valid again", self.path)
             self._report(True)
-        self.problem = None
-        self.accepted = config
+        self._file_problem = None
+        self._file_config = config
+        if self.model_server is None:
+            self.accepted = config
         return config
 
     def _refuse(self, exc: ConfigError) -> ServerConfig:
-        """Keep the last good configuration; log and report a new problem once."""
+        """Keep the last good configuration; log and report a new problem of models.toml once."""
         problem = ConfigProblem(str(exc), exc.model)
-        if problem != self.problem:
+        if problem != self._file_problem:
             log.error("forkserve: %s; keeping the last good configuration", exc)
             self._report(False)
-        self.problem = problem
-        return self.accepted
+        self._file_problem = problem
+        return self._file_config
 
 
 def _read_or_none(path: Path) -> bytes | None:

@@ -29,12 +29,13 @@ NEVER_AN_EXIT_STATUS = -1  # what the arbiter's boot-error constants become once
 
 _controller: Any = None  # the master's RolloutController (one per master process)
 _start_config = ServerConfig()  # what on_starting validated; the controller starts from it
+_model_server: Any = None  # TF Serving's model configuration (server.master.model_server_config), when given
 _grpc_port_lock: socket.socket | None = None  # grpc_port.claim; never closed by hand: the exit releases it, after on_exit
 
 
 def on_starting(server: Any) -> None:
     """Master, before the listeners open: refuse to start on a bad configuration, prepare the run directory."""
-    global _start_config, _grpc_port_lock
+    global _start_config, _grpc_port_lock, _model_server
     settings = Settings.current()
     _share_gunicorn_log(server)
     try:
@@ -44,8 +45,11 @@ def on_starting(server: Any) -> None:
     atexit.register(_clean_run_dir_after_failed_start, os.getpid())
     try:
         _start_config = load_config(settings.conf_path)
-        if not settings.models_dir.is_dir():
+        if settings.models_dir is not None and not settings.models_dir.is_dir():
             raise ConfigError(f"model repository {settings.models_dir} is not a directory (FORKSERVE_MODELS)")
+        _model_server = _model_server_config(settings)
+        if _model_server is not None:
+            _model_server.compose(_start_config)  # NOTE: models.toml and TF Serving's files must fit together
         for directory in (workers_dir(settings.run_dir), settings.metrics_dir):
             run_directory.reset_directory(directory)  # a planted symlink is removed, never followed
         # NOTE: import the metric definitions now, after the wipe: workers inherit the module already
@@ -77,6 +81,19 @@ def on_starting(server: Any) -> None:
     server.log.info("forkserve: run directory %s", settings.run_dir)
 
 
+def _model_server_config(settings: Settings) -> Any:
+    """TF Serving's model configuration, read and checked (ConfigError stops the start), or None."""
+    if not settings.tfserving:
+        return None
+    from server.master.model_server_config import ModelServerConfigSource
+
+    source = ModelServerConfigSource(settings.tfserving_model_config, settings.tfserving_model,
+                                     settings.tfserving_model_config_poll, settings.tfserving_defaults,
+                                     settings.tfserving_labels_for_unavailable)
+    source.initial()
+    return source
+
+
 def _refuse_to_start(server: Any, why: object) -> NoReturn:
     """One line, not gunicorn's traceback; SystemExit leaves gunicorn's start quietly."""
     server.log.error("forkserve: cannot start: %s", why)
@@ -103,7 +120,7 @@ def when_ready(server: Any) -> None:
     )
     _controller = RolloutController(
         Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config, settings,
-        model_control=settings.model_control, load_models=settings.load_models,
+        model_control=settings.model_control, load_models=settings.load_models, model_server=_model_server,
     )
     _controller.publish_initial_target()
     server.handle_hup = lambda: _controller.request_reload("SIGHUP")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from server.config import ServerConfig
 from server.repository import VersionSource, scan
 
 
@@ -58,7 +59,7 @@ ChangeReport = Callable[[VersionSource, str], bool]
 class SettledScanner:
     """Scans the repository; reports new versions once settled, and keeps settled ones."""
 
-    def __init__(self, models_dir: Path, report_change: ChangeReport | None = None) -> None:
+    def __init__(self, models_dir: Path | None, report_change: ChangeReport | None = None) -> None:
         self.models_dir = models_dir
         self._report_change = report_change
         self._seen: dict[Path, DirectoryFiles] = {}  # every version directory at the last poll
@@ -66,13 +67,15 @@ class SettledScanner:
         self._unsettled_since: dict[Path, float] = {}  # directories seen but not settled: since when (monotonic)
         self._digests: dict[Path, tuple[DirectoryFiles, str]] = {}  # content_digest() per directory, by its view
 
-    def scan(self, trust_all: bool = False) -> dict[str, list[VersionSource]]:
-        """Settled versions per model, newest first; `trust_all` (first start) takes every directory as settled.
+    def scan(self, trust_all: bool = False, config: ServerConfig | None = None) -> dict[str, list[VersionSource]]:
+        """Settled versions per model (the repository's, and those `config` gives a base_path), newest first.
+
+        `trust_all` (first start) takes every directory as settled.
 
         A model whose only versions are still changing is left out (it has nothing to serve yet);
         a model directory without versions is kept, empty.
         """
-        found = scan(self.models_dir)
+        found = scan(self.models_dir, config)
         seen: dict[Path, DirectoryFiles] = {}
         settled: dict[str, list[VersionSource]] = {}
         for name, sources in found.items():

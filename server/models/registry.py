@@ -26,7 +26,7 @@ from server.models.handlers import (
     has_handler,
     load_handler,
 )
-from server.repository import VersionSource, scan, select_versions
+from server.repository import VersionSource, model_dir, scan, select_versions
 from server.settings import Settings
 from server.signature import SignatureInfo
 from server.target import (
@@ -136,7 +136,7 @@ class ModelRegistry:
     """Every model this worker serves, by name."""
 
     def __init__(
-        self, models_dir: Path, run_dir: Path | None = None, config: ServerConfig | Callable[[], ServerConfig] | None = None,
+        self, models_dir: Path | None, run_dir: Path | None = None, config: ServerConfig | Callable[[], ServerConfig] | None = None,
         strict_readiness: bool = False,
     ) -> None:
         self.models_dir = models_dir
@@ -171,13 +171,13 @@ class ModelRegistry:
             return None
         model = Model(name, self.config.for_model(name), unservable=reason)
         for version, entry in sorted(failed.items(), reverse=True):
-            source = VersionSource(name, version, self.models_dir / name / str(version), "", entry.reason)
+            directory = model_dir(self.models_dir, self.config, name) or Path(name)
+            source = VersionSource(name, version, directory / str(version), "", entry.reason)
             model.versions[version] = ModelVersion(source, model.config, state=END, error=entry.reason)
         return model
 
     def plan(self) -> list[tuple[Model, list[VersionSource], int]]:
         """Register each model with the versions to try: the master's target, else a scan."""
-        found = scan(self.models_dir)
         target = read_target(self.run_dir) if self.run_dir is not None else None
         plan = []
         if target is None:
@@ -188,11 +188,12 @@ class ModelRegistry:
                 self.problem = str(exc)
                 log.error("forkserve: %s; serving no models", exc)
                 return []
-            for name, sources in found.items():
+            for name, sources in scan(self.models_dir, self.config).items():
                 candidates, keep = select_versions(sources, self.config.for_model(name))
                 plan.append((name, candidates, keep))
         else:
             self.config, self.generation = target.config, target.generation
+            found = scan(self.models_dir, self.config)
             for name, wanted in target.models.items():
                 by_version = {source.version: source for source in found.get(name, [])}
                 plan.append((name, [by_version[v] for v in wanted.candidates if v in by_version], wanted.keep))
@@ -253,7 +254,8 @@ class ModelRegistry:
                 if self._load_version(entry, runtime, stopping):
                     loaded += 1
             if not candidates:
-                log.warning("model %s: no version directory found under %s", model.name, self.models_dir / model.name)
+                log.warning("model %s: no version directory found under %s", model.name,
+                            model_dir(self.models_dir, self.config, model.name))
         self.loaded = True
 
     def _load_version(self, entry: ModelVersion, runtime: Any, stopping: Callable[[], bool] = lambda: False) -> bool:

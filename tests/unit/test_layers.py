@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "http": BELOW_TRANSPORTS,
     "rpc": BELOW_TRANSPORTS,
     "worker": BELOW_TRANSPORTS | {"http", "rpc"},
-    "master": {"core", "telemetry"},
+    "master": {"core", "telemetry", "protocols"},  # protocols: TF Serving's config files, protobuf messages only
     "cli": BELOW_MODELS | {"models"},
     "entry": {"core", "cli"},
 }

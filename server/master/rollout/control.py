@@ -16,7 +16,7 @@ from typing import Any
 from server import control
 from server.config import ConfigError, ServerConfig, with_overrides
 from server.control import ControlRequest
-from server.repository import is_model_name
+from server.repository import is_model_name, model_dir
 from server.target import Target
 
 log = logging.getLogger("forkserve.repository")
@@ -30,7 +30,7 @@ POLL_REFUSAL = ("explicit model load / unload is not allowed: FORKSERVE_MODEL_CO
 class ModelControl:
     """The loaded set (explicit mode), the calls of one pass, and the index the workers answer from."""
 
-    def __init__(self, run_dir: Path, models_dir: Path, mode: str, startup: tuple[str, ...]) -> None:
+    def __init__(self, run_dir: Path, models_dir: Path | None, mode: str, startup: tuple[str, ...]) -> None:
         self.run_dir = run_dir
         self.models_dir = models_dir
         self.explicit = mode == "explicit"
@@ -76,7 +76,8 @@ class ModelControl:
             return POLL_REFUSAL
         if request.action == "unload":
             return ""
-        if not is_model_name(request.model) or not (self.models_dir / request.model).is_dir():
+        directory = model_dir(self.models_dir, config, request.model) if is_model_name(request.model) else None
+        if directory is None or not directory.is_dir():
             return f"failed to load '{request.model}': the repository {self.models_dir} has no model {request.model!r}"
         try:
             with_overrides(config, {**self.loaded, request.model: request.override})

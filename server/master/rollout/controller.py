@@ -19,6 +19,7 @@ from pathlib import Path
 from server import control
 from server.config import ServerConfig
 from server.master.fleet import Fleet
+from server.master.model_server_config import ModelServerConfigSource
 from server.master.rollout.control import ModelControl
 from server.master.rollout.desired import DesiredState
 from server.master.rollout.driver import RollingRestart, RolloutSettings
@@ -41,9 +42,9 @@ class RolloutController:
     """Watcher and rolling restart, in one thread of the master."""
 
     def __init__(
-        self, fleet: Fleet, models_dir: Path, conf_path: Path, run_dir: Path, knobs: RolloutSettings,
+        self, fleet: Fleet, models_dir: Path | None, conf_path: Path, run_dir: Path, knobs: RolloutSettings,
         config: ServerConfig, tls_settings: Settings | None = None, model_control: str = "poll",
-        load_models: tuple[str, ...] = (),
+        load_models: tuple[str, ...] = (), model_server: ModelServerConfigSource | None = None,
     ) -> None:
         self.fleet = fleet  # server.master.hooks pre_fork marks newborn workers through it
         self.run_dir = run_dir
@@ -51,7 +52,7 @@ class RolloutController:
         self.tls = TlsWatch(tls_settings, lambda ok: record_metric(
             lambda m: m.TLS_LAST_RELOAD_SUCCESSFUL.set(1 if ok else 0))) if tls_settings is not None and tls_settings.tls else None
         self.ledger = FailureLedger(run_dir, models_dir, conf_path.name, knobs.attempts)
-        self.desired = DesiredState(models_dir, conf_path, config, run_dir, self.ledger, knobs.poll_interval)
+        self.desired = DesiredState(models_dir, conf_path, config, run_dir, self.ledger, knobs.poll_interval, model_server)
         self.exits = ExitLog()  # shared with the main thread (worker_exited)
         self._stopping = threading.Event()
         self._wake = threading.Event()

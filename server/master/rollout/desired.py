@@ -17,12 +17,13 @@ from typing import Any
 
 from server.config import ConfigError, ServerConfig, with_overrides
 from server.master.config_watch import ConfigWatch
+from server.master.model_server_config import ModelServerConfigSource
 from server.master.rollout import policy
 from server.master.rollout.ledger import FailureLedger, VersionsView, is_dir
 from server.master.rollout.record import record_metric
 from server.master.scanner import SettledScanner
 from server.master.strikes import VersionKey
-from server.repository import VersionSource, stray_entries
+from server.repository import VersionSource, model_dir, stray_entries
 from server.target import Target, compute_target, write_target
 
 log = logging.getLogger("forkserve.rollout")
@@ -31,13 +32,13 @@ log = logging.getLogger("forkserve.rollout")
 class DesiredState:
     """Configuration + settled repository - failed versions -> the target; written to target.json on demand."""
 
-    def __init__(self, models_dir: Path, conf_path: Path, config: ServerConfig, run_dir: Path,
-                 ledger: FailureLedger, poll_interval: float) -> None:
+    def __init__(self, models_dir: Path | None, conf_path: Path, config: ServerConfig, run_dir: Path,
+                 ledger: FailureLedger, poll_interval: float, model_server: ModelServerConfigSource | None = None) -> None:
         self.run_dir = run_dir
         self.ledger = ledger
         self.poll_interval = poll_interval
         self.config = ConfigWatch(conf_path, config, lambda ok: record_metric(
-            lambda m: m.CONFIG_LAST_RELOAD_SUCCESSFUL.set(1 if ok else 0)))
+            lambda m: m.CONFIG_LAST_RELOAD_SUCCESSFUL.set(1 if ok else 0)), model_server)
         self.scanner = SettledScanner(models_dir, self._settled_version_changed)
         self.settled: dict[str, list[VersionSource]] = {}
         self.unservable: dict[str, str] = {}  # models left out of the target, with why (the last compute)
@@ -57,8 +58,8 @@ class DesiredState:
 
         `loaded`: explicit model control's loaded models, each with its load's override (None: every model).
         """
-        config = self.config.refresh()
-        self.settled = self.scanner.scan(trust_all)
+        config = self.config.refresh(serving)
+        self.settled = self.scanner.scan(trust_all, config)
         self._tell_about_the_repository(config)
         view = self.view()
         self._fail_unloadable(view, serving)
@@ -72,7 +73,7 @@ class DesiredState:
         for name, sources in selected.items():
             usable[name] = [s for s in sources if not self.ledger.is_failed(s, view)]
             if not sources:
-                stray = stray_entries(self.scanner.models_dir / name)
+                stray = self._stray(config, name)
                 why_empty[name] = "no version directory" + (
                     f" ({'; '.join(f'{entry}: {why}' for entry, why in stray.items())})" if stray else "")
             elif not usable[name]:
@@ -140,12 +141,18 @@ class DesiredState:
     def _tell_about_the_repository(self, config: ServerConfig) -> None:
         """Log once each: entries a model directory ignores, settings for a model the repository lacks."""
         for name in self.settled:
-            for entry, why in stray_entries(self.scanner.models_dir / name).items():
+            for entry, why in self._stray(config, name).items():
                 self._tell_once(("stray", name, entry, why), "forkserve: model %s: %s %s", name, entry, why)
-        for name in sorted(n for n in set(config.models) - set(self.settled) if not is_dir(self.scanner.models_dir / n)):
+        root = self.scanner.models_dir
+        for name in sorted(n for n in set(config.models) - set(self.settled) if root is None or not is_dir(root / n)):
             self._tell_once(("settings", name, self.config.path.name),
                             "forkserve: %s has settings for model %s, but the repository has no model %s "
                             "(renamed or removed?); they apply to nothing", self.config.path, name, name)
+
+    def _stray(self, config: ServerConfig, name: str) -> dict[str, str]:
+        """Entries of a model's directory that look meant to be versions (server.repository.stray_entries)."""
+        directory = model_dir(self.scanner.models_dir, config, name)
+        return stray_entries(directory) if directory is not None else {}
 
     def _tell_once(self, key: tuple[str, ...], message: str, *args: object) -> None:
         if key not in self._told:

@@ -17,7 +17,7 @@ from server.config import ServerConfig
 from server.master.rollout import policy
 from server.master.rollout.record import record_metric
 from server.master.strikes import Strikes, VersionKey
-from server.repository import VersionSource
+from server.repository import VersionSource, model_dir
 from server.target import FailedVersion, config_key, read_failed, write_failed
 
 log = logging.getLogger("forkserve.rollout")
@@ -37,7 +37,7 @@ class VersionsView:
 class FailureLedger:
     """Versions that must not be served, with why, and the deaths counted against versions being loaded."""
 
-    def __init__(self, run_dir: Path, models_dir: Path, conf_name: str, attempts: int) -> None:
+    def __init__(self, run_dir: Path, models_dir: Path | None, conf_name: str, attempts: int) -> None:
         self.run_dir = run_dir
         self.models_dir = models_dir
         self.conf_name = conf_name  # named in each reason: what to change to have the version tried again
@@ -82,7 +82,7 @@ class FailureLedger:
         """Count recorded deaths against the versions being loaded; mark those at the limit failed: the versions marked."""
         for key in served:
             self.strikes.clear(key)
-        self._forget_recovered(served)
+        self._forget_recovered(served, view)
         blamed: dict[VersionKey, str] = {}
         for key, what in policy.deaths_to_count(exits, served, lambda key: self._marked_as_is(key, view), details):
             if self.strikes.add(key, what):
@@ -109,11 +109,11 @@ class FailureLedger:
             record_metric(lambda m, k=(key[0], str(key[1])): m.ROLLOUT_FAILED_VERSIONS.labels(*k).inc())
             _set_failed_gauge(key, 1)
 
-    def _forget_recovered(self, served: set[VersionKey]) -> None:
+    def _forget_recovered(self, served: set[VersionKey], view: VersionsView) -> None:
         """Drop the marks of versions served now (tried again after a change) or removed from the repository."""
         recovered = [(m, v) for m, versions in self._marks.items() for v in versions if (m, v) in served]
         removed = [(m, v) for m, versions in self._marks.items() for v in versions
-                   if not is_dir(self.models_dir / m / str(v))]
+                   if not _version_exists(self.models_dir, view, m, v)]
         gone = sorted(set(recovered) | set(removed))
         if gone:
             self._write(self._without(gone))
@@ -140,6 +140,12 @@ class FailureLedger:
 
 def _set_failed_gauge(key: VersionKey, on: int) -> None:
     record_metric(lambda m, k=(key[0], str(key[1])): m.VERSION_FAILED.labels(*k).set(on))
+
+
+def _version_exists(root: Path | None, view: VersionsView, model: str, version: int) -> bool:
+    """The version directory is there (in the repository, or under the model's base_path)."""
+    directory = model_dir(root, view.config, model)
+    return directory is not None and is_dir(directory / str(version))
 
 
 def is_dir(path: Path) -> bool:
