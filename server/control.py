@@ -27,7 +27,8 @@ from server.state import write_json
 REQUESTS = Path("control") / "requests"
 ANSWERS = Path("control") / "answers"
 INDEX = "repository.json"
-ACTIONS = ("load", "unload")
+RELOAD_CONFIG = "reload_config"  # TF Serving's HandleReloadConfigRequest: override {"model_config": its text form}
+ACTIONS = ("load", "unload", RELOAD_CONFIG)
 REQUEST_NAME = re.compile(r"^[0-9]{20}-[0-9]+-[0-9a-f]{8}\.json$")  # anything else in the directory is not ours
 MAX_FILE_BYTES = 4 * 1024 * 1024  # a request holds a config of at most 64 KiB; the index, a line per model
 
@@ -42,10 +43,10 @@ READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNL
 
 @dataclass(frozen=True)
 class ControlRequest:
-    """One load or unload call, as its worker asked for it."""
+    """One load, unload or reload_config call, as its worker asked for it."""
 
     id: str
-    action: str  # "load" or "unload"
+    action: str  # "load", "unload" or "reload_config"
     model: str
     override: dict[str, Any] = field(default_factory=dict)  # a models.toml table over the model's settings
     pid: int = 0  # the worker holding the call (the rollout replaces it last)

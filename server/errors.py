@@ -38,6 +38,18 @@ class VersionFailed(Unavailable):
     """A version that failed to load or was failed by a rollout: 503 over REST, FAILED_PRECONDITION over gRPC."""
 
 
+class FailedPrecondition(ApiError):
+    """FAILED_PRECONDITION: the server is not in a state to do it (400), e.g. a label on a version not served."""
+
+    status = 400
+
+
+class Unknown(ApiError):
+    """UNKNOWN: it failed where TF Serving reports the underlying error as is (500), e.g. a model that did not load."""
+
+    status = 500
+
+
 class ResourceExhausted(ApiError):
     """RESOURCE_EXHAUSTED: the model's queue is full (429 in TF Serving; 503 + Retry-After here)."""
 

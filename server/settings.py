@@ -252,6 +252,7 @@ class Settings:
     tfserving_model_config_poll: float = 0.0  # FORKSERVE_TFSERVING_MODEL_CONFIG_POLL: seconds between reads (0: once)
     tfserving_defaults: dict = field(default_factory=dict)  # FORKSERVE_TFSERVING_DEFAULTS: a JSON [defaults] table
     tfserving_labels_for_unavailable: bool = False  # FORKSERVE_TFSERVING_LABELS_FOR_UNAVAILABLE_MODELS
+    warmup_records: bool = True  # FORKSERVE_WARMUP_RECORDS: replay assets.extra/tf_serving_warmup_requests (0: skip)
 
     @property
     def tfserving(self) -> bool:
@@ -329,6 +330,7 @@ class Settings:
             tfserving_model_config_poll=_env_zero_or_positive("FORKSERVE_TFSERVING_MODEL_CONFIG_POLL", 0.0, "seconds", "read once"),
             tfserving_defaults=_json_table("FORKSERVE_TFSERVING_DEFAULTS"),
             tfserving_labels_for_unavailable=_env_flag("FORKSERVE_TFSERVING_LABELS_FOR_UNAVAILABLE_MODELS", "0"),
+            warmup_records=_env_flag("FORKSERVE_WARMUP_RECORDS"),
         )
 
     @classmethod

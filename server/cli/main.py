@@ -1,4 +1,4 @@
-"""forkserve's command line: `python -m server publish NAME SOURCE`, `validate NAME SOURCE` and `reload`.
+"""forkserve's command line: `python -m server publish NAME SOURCE`, `validate`, `reload`, `payloads` and `tfserving FLAGS`.
 
 Runs in the caller's process, never with TensorFlow (publish and validate check in a child process).
 """
@@ -111,6 +111,11 @@ def _payloads(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tfserving"]:  # NOTE: TF Serving's flags (--name=value), not argparse's: server.cli.tfserving parses them
+        from server.cli.tfserving import main as tfserving
+
+        return tfserving(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m server", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     pub = commands.add_parser("publish", help="validate a model and publish it as the next version")
@@ -132,5 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     pay.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="csv (nested values as JSON text) or jsonl")
     pay.add_argument("--model", help="only this model's records")
     pay.set_defaults(run=_payloads)
+    commands.add_parser("tfserving", help="start the server with tensorflow_model_server's flags (--port=8500 ...)",
+                        add_help=False)
     args = parser.parse_args(argv)
     return args.run(args)

@@ -1,4 +1,4 @@
-"""Triton's model repository extension, the same on every transport: the index, load and unload.
+"""Triton's model repository extension, the same on every transport: the index, load and unload; TF Serving's config reload.
 
 Runs in workers. A load or unload is the master's work (server.master.rollout.control): the call
 writes its request into the run directory (server.control) and its flow waits for the answer, which
@@ -18,10 +18,12 @@ from typing import Any
 
 from server import control
 from server.dataplane.requests import model_address
-from server.errors import ApiError, InvalidArgument
+from server.config import ConfigError
+from server.errors import ApiError, FailedPrecondition, InvalidArgument, Unknown
 from server.models.flow import Steps, Wait
 from server.models.registry import ModelRegistry
 from server.models.reply import Reply, ReplyTimeout
+from server.protocols.tfserving import config_files
 from server.protocols.v2.repository import override_table
 from server.settings import Settings
 
@@ -149,29 +151,66 @@ def change(settings: Settings, action: str, name: str, config_json: str | bytes 
                               "FORKSERVE_MODEL_CONTROL=poll serves every model of the repository "
                               "(publish or remove a version directory instead)")
     override = override_table(name, config_json) if action == "load" and config_json else {}
+    ok, message = yield from _ask_master(settings, action, name, override, peer, f"{action} of '{name}'")
+    if not ok:
+        raise InvalidArgument(message)
+    return message
+
+
+def reload_config(settings: Settings, model_config: str, peer: str) -> Steps[str]:
+    """TF Serving's HandleReloadConfigRequest: the ModelServerConfig (text form) replaces the served set, through a rollout.
+
+    Answers once every worker serves each model it names; a model that cannot load fails the call
+    and the set before it keeps serving. Refused like the repository calls (FORKSERVE_REPOSITORY_API=0).
+    """
+    check_enabled(settings)
+    if not settings.tfserving:
+        raise ApiError("HandleReloadConfigRequest needs a server started with TF Serving's model configuration "
+                       "(python -m server tfserving --model_config_file=... or --model_base_path=...); this one serves "
+                       "its repository: publish a version or edit conf/models.toml instead", status=501)
+    try:
+        parsed = config_files.model_server_config(model_config, "config")
+        if parsed.WhichOneof("config") != "model_config_list":
+            raise InvalidArgument("ServerModelConfig type not supported by HandleReloadConfigRequest. "
+                                  "Only ModelConfigList is currently supported")
+        config_files.model_tables(parsed, "config")
+    except ConfigError as exc:
+        raise InvalidArgument(str(exc)) from None
+    ok, message = yield from _ask_master(settings, control.RELOAD_CONFIG, "", {"model_config": model_config}, peer,
+                                         "reload of the model configuration")
+    if not ok:
+        if message.startswith("Request to assign label"):
+            raise FailedPrecondition(message)
+        if message.startswith("failed to load model"):
+            raise Unknown(message)
+        raise InvalidArgument(message)
+    return message
+
+
+def _ask_master(settings: Settings, action: str, name: str, override: dict[str, Any], peer: str, what: str
+                ) -> Steps[tuple[bool, str]]:
+    """Write the call for the master and wait for its answer; a caller being retired answers after it stopped accepting."""
     try:
         request_id = control.ask(settings.run_dir, action, name, override)
     except OSError as exc:
-        raise ApiError(f"failed to {action} '{name}': the run directory refused the request: {exc}", status=503) from None
-    log.info("repository: %s of %r asked by %s (request %s%s)", action, name, peer or "?", request_id,
+        raise ApiError(f"the {what} failed: the run directory refused the request: {exc}", status=503) from None
+    log.info("repository: %s asked by %s (request %s%s)", what, peer or "?", request_id,
              f", config {override}" if override else "")
     call = ANSWERS.watch(settings.run_dir, request_id)
     try:
         ok, message, retiring = yield Wait(ANSWERS, call, settings.repository_timeout)
     except ReplyTimeout:
         ANSWERS.abandon(call)
-        raise ApiError(f"the {action} of '{name}' did not finish within {settings.repository_timeout:.0f}s "
+        raise ApiError(f"the {what} did not finish within {settings.repository_timeout:.0f}s "
                        "(FORKSERVE_REPOSITORY_TIMEOUT); it may still complete: see the repository index",
                        status=504) from None
     except CancelledError:
         ANSWERS.abandon(call)
         raise
-    log.info("repository: %s of %r (request %s): %s", action, name, request_id, message)
-    if not ok:
-        raise InvalidArgument(message)
-    if retiring:
+    log.info("repository: %s (request %s): %s", what, request_id, message)
+    if ok and retiring:
         yield from _leave_last(settings)
-    return message
+    return ok, message
 
 
 def _leave_last(settings: Settings) -> Steps[None]:

@@ -76,9 +76,18 @@ def on_starting(server: Any) -> None:
         connection_board.create(slots=max(connection_board.SLOTS, 2 * server.cfg.workers + 2))  # room for TTIN and rollouts
     server.log.info(
         "forkserve: models %s, conf %s, %d workers x %d threads, %d CPUs",
-        settings.models_dir, settings.conf_path, server.cfg.workers, server.cfg.threads, settings.cpus,
+        _models_description(settings), settings.conf_path, server.cfg.workers, server.cfg.threads, settings.cpus,
     )
     server.log.info("forkserve: run directory %s", settings.run_dir)
+
+
+def _models_description(settings: Settings) -> str:
+    """Where the served models come from, for the start's log line."""
+    if settings.tfserving_model_config is not None:
+        return f"from TF Serving's model config {settings.tfserving_model_config}"
+    if settings.tfserving_model is not None:
+        return f"{settings.tfserving_model[0]} from {settings.tfserving_model[1]}"
+    return str(settings.models_dir)
 
 
 def _model_server_config(settings: Settings) -> Any:

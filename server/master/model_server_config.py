@@ -39,6 +39,7 @@ class ModelServerConfigSource:
     _raw: bytes | None = None  # the file's bytes the tables came from
     _pending: bytes | None = None  # bytes read once, taken when the next read agrees
     _next_read: float = 0.0  # monotonic time of the next poll of the file
+    _before: Tables | None = None  # a reload in progress: the tables it replaced (their models keep serving meanwhile)
 
     def initial(self) -> Tables:
         """The tables at start; ConfigError stops the start (a malformed file, a label on no served version)."""
@@ -54,8 +55,9 @@ class ModelServerConfigSource:
         return self._accept(self._tables(raw, self.path), set())
 
     def compose(self, config: ServerConfig) -> ServerConfig:
-        """models.toml's configuration with these models and defaults over it."""
-        return with_model_server_config(config, self.defaults, self.tables)
+        """models.toml's configuration with these models and defaults over it (and, while a reload loads, the old ones)."""
+        kept = {name: table for name, table in (self._before or {}).items() if name not in self.tables}
+        return with_model_server_config(config, self.defaults, {**kept, **self.tables})
 
     def refresh(self, serving: set[tuple[str, int]]) -> Tables:
         """Poll the file when due; a change is taken once two reads agree and its labels pass TF Serving's rule."""
@@ -83,8 +85,21 @@ class ModelServerConfigSource:
         return tables
 
     def replace(self, text: str, serving: set[tuple[str, int]]) -> Tables:
-        """A HandleReloadConfigRequest's ModelServerConfig, served until the file changes; ConfigError refuses it."""
-        return self._accept(self._tables(text.encode(), "HandleReloadConfigRequest"), serving)
+        """A HandleReloadConfigRequest's ModelServerConfig, served until the file changes; ConfigError refuses it.
+
+        NOTE: the models it drops keep serving until it is settled: a reload whose new model cannot
+        load leaves the old set serving throughout (settle(False) puts it back).
+        """
+        before = self.tables if self._before is None else self._before
+        tables = self._accept(self._tables(text.encode(), "HandleReloadConfigRequest"), serving)
+        self._before = before
+        return tables
+
+    def settle(self, ok: bool) -> None:
+        """The reload in progress succeeded (the models it dropped go at the next pass) or failed (the old tables return)."""
+        if self._before is not None and not ok:
+            self.tables = self._before
+        self._before = None
 
     def _tables(self, raw: bytes, where: Path | str) -> Tables:
         return config_files.model_tables(config_files.model_server_config(raw, where), str(where))

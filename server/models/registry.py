@@ -273,7 +273,7 @@ class ModelRegistry:
             servable = runtime.load_servable(entry.source)
             handler = load_version_handler(entry)
             calls = servable.warm_up(entry.config.batch_buckets)
-            records = warmup_records.replay(entry.source, entry.config, servable)
+            records = warmup_records.replay(entry.source, entry.config, servable) if Settings.current().warmup_records else None
             if handler is not None:
                 check_signature(handler, servable.signatures)
                 check_example(handler, servable.signatures, entry.config, servable.run)

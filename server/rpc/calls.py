@@ -21,9 +21,11 @@ from server.errors import (
     ApiError,
     Cancelled,
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    Unknown,
     VersionFailed,
 )
 from server.models.flow import Steps
@@ -50,8 +52,10 @@ CLIENT_CLOSED = 499  # nginx's status for a request its client gave up: a cancel
 
 def status_code(exc: ApiError) -> grpc.StatusCode:
     """The gRPC status of a known failure (TF Serving's own mapping: a failed version is FAILED_PRECONDITION)."""
-    if isinstance(exc, VersionFailed):
+    if isinstance(exc, (VersionFailed, FailedPrecondition)):
         return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, Unknown):
+        return grpc.StatusCode.UNKNOWN
     if isinstance(exc, Cancelled):
         return grpc.StatusCode.CANCELLED
     if isinstance(exc, ResourceExhausted):

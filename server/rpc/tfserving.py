@@ -7,8 +7,9 @@ from typing import Any, Callable
 
 import grpc
 import numpy as np
+from google.protobuf import text_format
 
-from server.dataplane import envelope
+from server.dataplane import envelope, repository
 from server.dataplane.inference import examples_steps
 from server.dataplane.models import tfserving_statuses
 from server.dataplane.requests import model_address
@@ -19,6 +20,7 @@ from server.protocols.tfserving import messages, proto_codec, tensor_proto
 from server.protocols.tfserving.proto_codec import ERROR_CODES, STATES
 from server.rpc.calls import Calls, predict_tensors, timeout_for
 from server.signature import DEFAULT_SIGNATURE
+from server.settings import Settings
 from server.telemetry import measure
 from server.telemetry.payloads import capture
 
@@ -134,7 +136,7 @@ class PredictionService:
 
 
 class ModelService:
-    """GetModelStatus; HandleReloadConfigRequest is `publish`'s job here."""
+    """GetModelStatus, and HandleReloadConfigRequest on a server started with TF Serving's model configuration."""
 
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
@@ -160,11 +162,16 @@ class ModelService:
         return self.calls.run(context, f"/{MODEL_SERVICE}/GetModelStatus", work, response)
 
     def HandleReloadConfigRequest(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def work() -> tuple[Any, None]:
-            raise ApiError("forkserve does not reload its configuration over gRPC: put a new version in place with "
-                           "`python -m server publish` (or edit conf/models.toml), and the workers roll over to it", status=501)
+        """The ModelServerConfig replaces the served set through the readiness-gated rollout (server.dataplane.repository)."""
+        response = self.apis.model_management_pb2.ReloadConfigResponse()
 
-        return self.calls.run(context, f"/{MODEL_SERVICE}/HandleReloadConfigRequest", work, None)
+        def work() -> Steps[tuple[Any, None]]:
+            text = text_format.MessageToString(request.config)
+            yield from repository.reload_config(Settings.current(), text, context.peer())
+            response.status.error_code = 0
+            return response, None
+
+        return self.calls.run(context, f"/{MODEL_SERVICE}/HandleReloadConfigRequest", work, response)
 
 
 def services(calls: Calls) -> list[tuple[Any, Any]]:

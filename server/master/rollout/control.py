@@ -16,6 +16,7 @@ from typing import Any
 from server import control
 from server.config import ConfigError, ServerConfig, with_overrides
 from server.control import ControlRequest
+from server.master.model_server_config import ModelServerConfigSource
 from server.repository import is_model_name, model_dir
 from server.target import Target
 
@@ -30,8 +31,10 @@ POLL_REFUSAL = ("explicit model load / unload is not allowed: FORKSERVE_MODEL_CO
 class ModelControl:
     """The loaded set (explicit mode), the calls of one pass, and the index the workers answer from."""
 
-    def __init__(self, run_dir: Path, models_dir: Path | None, mode: str, startup: tuple[str, ...]) -> None:
+    def __init__(self, run_dir: Path, models_dir: Path | None, mode: str, startup: tuple[str, ...],
+                 model_server: ModelServerConfigSource | None = None) -> None:
         self.run_dir = run_dir
+        self.model_server = model_server  # TF Serving's model configuration: HandleReloadConfigRequest replaces it
         self.models_dir = models_dir
         self.explicit = mode == "explicit"
         self.mode = mode
@@ -48,15 +51,20 @@ class ModelControl:
         """The loaded models and their overrides (explicit mode), None when the repository is the selection."""
         return self.loaded if self.explicit else None
 
-    def take(self, config: ServerConfig) -> None:
-        """Take the calls waiting: refuse what cannot be done at once, apply the rest to the loaded set."""
+    def take(self, config: ServerConfig, serving: set[tuple[str, int]] | None = None) -> None:
+        """Take the calls waiting: refuse what cannot be done at once, apply the rest to the loaded set.
+
+        `serving`: the versions workers serve now (a reload's labels may name only those, TF Serving's rule).
+        """
         control.drop_stale_answers(self.run_dir, STALE_ANSWER_SECONDS)
         taken = self.taken()
         for request in control.pending(self.run_dir):
             if request.id in taken:  # NOTE: taken by an earlier pass that is not over (a rollout held for a copy)
                 continue
-            log.info("forkserve: %s of model %r asked by worker %d (request %s)", request.action, request.model,
-                     request.pid, request.id)
+            log.info("forkserve: %s asked by worker %d (request %s)", _call(request), request.pid, request.id)
+            if request.action == control.RELOAD_CONFIG:
+                self._take_reload(request, serving or set())
+                continue
             refusal = self._refusal(request, config)
             if refusal:
                 self._answer(request, False, refusal)
@@ -69,6 +77,23 @@ class ModelControl:
                 self._before.setdefault(request.model, None)
                 self.reasons[request.model] = "unloaded"
             self.calls.append(request)
+
+    def _take_reload(self, request: ControlRequest, serving: set[tuple[str, int]]) -> None:
+        """A HandleReloadConfigRequest: its models replace TF Serving's configuration (one reload at a time)."""
+        if self.model_server is None:
+            self._answer(request, False, "the server was not started with TF Serving's model configuration "
+                                         "(python -m server tfserving --model_config_file=...)")
+            return
+        if any(call.action == control.RELOAD_CONFIG for call in self.calls):
+            return  # NOTE: left waiting: the next pass takes it, once this reload is settled
+        try:
+            tables = self.model_server.replace(str(request.override.get("model_config", "")), serving)
+        except ConfigError as exc:
+            self._answer(request, False, str(exc))
+            return
+        log.info("forkserve: reload of the model configuration (request %s): serving %s", request.id,
+                 ", ".join(sorted(tables)) or "no model")
+        self.calls.append(request)
 
     def _refusal(self, request: ControlRequest, config: ServerConfig) -> str:
         """Why a call fails before any rollout, or ''."""
@@ -119,13 +144,17 @@ class ModelControl:
 
     def settle(self, current: Target, unservable: dict[str, str], detail: str) -> None:
         """After the pass: answer every call by what the workers now run (a failed load puts back what was loaded)."""
+        self._unservable = {**self._unservable, **unservable}
         for request in list(self.calls):
             why = unservable.get(request.model) or detail or "the workers did not take it up"
             self._settle(request, current, why)
         self._before.clear()
 
     def _settle(self, request: ControlRequest, target: Target, why: str, retiring: bool = False) -> None:
-        """Answer one call: done when `target` serves (load) or leaves out (unload) its model."""
+        """Answer one call: done when `target` serves (load) or leaves out (unload) its model, or every model (reload)."""
+        if request.action == control.RELOAD_CONFIG:
+            self._settle_reload(request, target, retiring)
+            return
         served = request.model in target.models
         if request.action == "load" and served:
             self._answer(request, True, f"loaded '{request.model}'", retiring)
@@ -142,12 +171,22 @@ class ModelControl:
         else:
             self._answer(request, False, f"failed to unload '{request.model}': {why}")
 
+    def _settle_reload(self, request: ControlRequest, target: Target, retiring: bool) -> None:
+        """A reload is done when every model it names serves; else the configuration before it returns."""
+        assert self.model_server is not None
+        missing = {name: target.unservable.get(name) or self._unservable.get(name) or "the workers did not take it up"
+                   for name in self.model_server.tables if not target.intended().get(name)}
+        self.model_server.settle(not missing)
+        if missing:
+            self._answer(request, False, "; ".join(f"failed to load model {name}: {why}" for name, why in sorted(missing.items())))
+        else:
+            self._answer(request, True, f"serving {', '.join(sorted(self.model_server.tables)) or 'no model'}", retiring)
+
     def _answer(self, request: ControlRequest, ok: bool, message: str, retiring: bool = False) -> None:
         """Write the answer for the waiting worker, and log it."""
         if request in self.calls:
             self.calls.remove(request)
-        (log.info if ok else log.error)("forkserve: %s of model %r (request %s): %s", request.action, request.model,
-                                         request.id, message)
+        (log.info if ok else log.error)("forkserve: %s (request %s): %s", _call(request), request.id, message)
         try:
             control.answer(self.run_dir, request, ok, message, retiring)
         except OSError:  # reported by write_json; the worker's call times out
@@ -181,3 +220,10 @@ class ModelControl:
             except OSError:  # reported by write_json; written again at the next pass
                 return
             self._index = models
+
+
+def _call(request: ControlRequest) -> str:
+    """A call as the log names it: "load of model 'x'", "reload of the model configuration"."""
+    if request.action == control.RELOAD_CONFIG:
+        return "reload of the model configuration"
+    return f"{request.action} of model {request.model!r}"

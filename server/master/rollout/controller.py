@@ -57,7 +57,7 @@ class RolloutController:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self.driver = RollingRestart(fleet, run_dir, knobs, self.desired, self.ledger, self.exits, self._stopping)
-        self.control = ModelControl(run_dir, models_dir, model_control, load_models)
+        self.control = ModelControl(run_dir, models_dir, model_control, load_models, model_server)
         self.driver.before_retire = self.control.before_retire
         self.driver.holding = self.control.holding_untaken
         self._last_pass = 0.0  # monotonic start of the last pass
@@ -140,7 +140,7 @@ class RolloutController:
         """One pass: the load and unload calls waiting, then the rollout if needed; every call taken is answered."""
         if not run_dir_writable(self.run_dir):  # reported once; reloads asked for meanwhile wait for it
             return
-        self.control.take(self.desired.config.accepted)
+        self.control.take(self.desired.config.accepted, self._serving(self.driver.observe()))
         if self.control.calls:
             self._given_up = ""  # NOTE: a load is a new try, as a change of the files would be
             self.control.write_index(self.current, set(self.desired.settled), self.desired.unservable)
