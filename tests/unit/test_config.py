@@ -227,3 +227,14 @@ def test_a_bad_payload_log_names_the_model(value: object, message: str) -> None:
 def test_as_table_parses_back_to_the_same_settings() -> None:
     config = parse_config({"models": {"m": {"payload_log": {"sample": 0.25}, "labels": {"a": 1}}}}).for_model("m")
     assert parse_config({"models": {"m": json.loads(json.dumps(as_table(config)))}}).for_model("m") == config
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"models": {"m": {"base_path": "models/m"}}}, "base_path must be an absolute path"),
+    ({"defaults": {"base_path": "/m"}}, "base_path is a model's own setting"),
+    ({"models": {"a/b": {"base_path": "/m"}}}, "a model name has letters, digits"),
+])
+def test_a_base_path_is_an_absolute_directory_of_a_named_model(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(data)
+    assert parse_config({"models": {"m": {"base_path": "/srv/m"}}}).for_model("m").base_path == "/srv/m"

@@ -259,3 +259,18 @@ def test_select_does_not_alias_the_input_list() -> None:
     candidates, _ = select_versions(available, ModelConfig(version_policy="all"))
     candidates.pop()
     assert len(available) == 2
+
+
+def test_a_model_with_a_base_path_is_read_there_beside_the_repository(tmp_path: Path) -> None:
+    from server.config import parse_config
+    from server.repository import model_dir
+
+    (tmp_path / "repo" / "local" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "moved" / "1").mkdir(parents=True)  # shadowed: the base_path wins
+    (tmp_path / "elsewhere" / "7").mkdir(parents=True)
+    config = parse_config({"models": {"moved": {"base_path": str(tmp_path / "elsewhere")}}})
+    found = scan(tmp_path / "repo", config)
+    assert {name: [v.version for v in versions] for name, versions in found.items()} == {"local": [1], "moved": [7]}
+    assert found["moved"][0].path == tmp_path / "elsewhere" / "7"
+    assert {name: [v.version for v in versions] for name, versions in scan(None, config).items()} == {"moved": [7]}
+    assert model_dir(None, config, "local") is None and model_dir(tmp_path, config, "local") == tmp_path / "local"
