@@ -179,6 +179,7 @@ def environment(flags: dict[str, Any], given: dict[str, str]) -> tuple[dict[str,
     if not flags["enable_grpc_healthcheck_service"] and flags["port"]:
         notes.append("the standard gRPC health service (grpc.health.v1.Health) is always on in forkserve")
     env.setdefault("FORKSERVE_CONF", os.devnull)  # NOTE: TF Serving's files are the configuration; models.toml only when given
+    env.setdefault("FORKSERVE_STRICT_READINESS", "1")  # NOTE: as TF Serving, which opens its ports once every model loaded
     return env, notes
 
 

@@ -69,7 +69,9 @@ class ModelServerConfigSource:
             return self._refuse(str(exc))
         if raw is None:
             return self._refuse(f"{self.path} is missing; serving the models it listed before")
-        if raw == self._raw:
+        if raw == self._raw:  # back to what is served: nothing to change
+            if self.problem:
+                log.info("forkserve: the model configuration is valid again")
             self._pending, self._next_read, self.problem = None, time.monotonic() + self.poll_seconds, ""
             return self.tables
         if raw != self._pending:  # NOTE: a file being written is read again at the next pass, not taken half-way

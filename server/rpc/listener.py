@@ -86,6 +86,18 @@ class GrpcListener:
     def stopping_now(self) -> bool:
         return self._stop_claimed.locked()
 
+    def call_grace(self) -> float:
+        """Seconds a call may still run on a connection told to leave (its GOAWAY, a paused shard's stop).
+
+        NOTE: the connection closes then, calls still on it or not: the grace covers the longest call a
+        model allows (request_timeout_s), or such calls would fail over gRPC only, and a load, unload or
+        HandleReloadConfigRequest, which waits for a whole rollout.
+        """
+        longest = max((m.config.request_timeout_s for m in self.registry.models.values()), default=0.0)
+        if self.settings.model_control == "explicit" or self.settings.tfserving:
+            longest = max(longest, self.settings.repository_timeout)
+        return max(self.settings.grpc_max_connection_age_grace, longest + 5.0)
+
     def options(self) -> list[tuple[str, int]]:
         """Channel arguments: REST's body limit for requests, SO_REUSEPORT, and a maximum connection age.
 
@@ -97,17 +109,11 @@ class GrpcListener:
         ]
         age = self.settings.grpc_max_connection_age
         if age > 0:
-            # NOTE: a connection is closed `grace` after its GOAWAY, calls still on it or not: the grace covers
-            # the longest call a model allows (request_timeout_s), or such calls would fail over gRPC only.
-            longest = max((m.config.request_timeout_s for m in self.registry.models.values()), default=0.0)
-            if self.settings.model_control == "explicit":  # NOTE: a load or unload call waits for a whole rollout
-                longest = max(longest, self.settings.repository_timeout)
-            grace = max(self.settings.grpc_max_connection_age_grace, longest + 5.0)
             # NOTE: HTTP/2 channels are long-lived, so a client stays on the worker it first reached.
             # Past this age the worker sends GOAWAY (twice, with a ping between: no call is lost) and
             # the client reconnects at its next call, to a socket that listens.
             options += [("grpc.max_connection_age_ms", int(age * 1000)),
-                        ("grpc.max_connection_age_grace_ms", int(grace * 1000))]
+                        ("grpc.max_connection_age_grace_ms", int(self.call_grace() * 1000))]
         return options
 
     def _run_loop(self) -> None:
@@ -221,7 +227,7 @@ class GrpcListener:
         for shard in [s for s in self.shards if s.paused_at is not None and now - s.paused_at > settled]:
             if shard.peers.active() == 0:
                 self.shards.remove(shard)
-                self.stopping.append(asyncio.ensure_future(shard.server.stop(self.settings.grpc_max_connection_age_grace)))
+                self.stopping.append(asyncio.ensure_future(shard.server.stop(self.call_grace())))
         return changed
 
     async def _pause(self, shard: Shard, now: float) -> None:

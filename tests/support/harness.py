@@ -105,6 +105,7 @@ class Server:
     root: Path = ROOT  # the checkout whose gunicorn.conf.py and server package run (bench.grpc_ab: another commit's)
     tls_ca: Path | None = None  # the server speaks TLS (FORKSERVE_TLS_* in env): get() and post() verify against this CA
     tls_client: tuple[str, str] | None = None  # ... and present this client certificate and key (mutual TLS)
+    tfserving_flags: list[str] | None = None  # start with `python -m server tfserving` and these flags (ports added)
 
     @property
     def url(self) -> str:
@@ -134,6 +135,10 @@ class Server:
             str(GUNICORN), "-c", "gunicorn.conf.py",
             "-b", f"127.0.0.1:{self.port}", "-w", str(self.workers), *self.extra_args,
         ]
+        if self.tfserving_flags is not None:  # NOTE: the launcher execs gunicorn: self.process is the master
+            command = [sys.executable, "-m", "server", "tfserving", f"--port={self.grpc_port}",
+                       f"--rest_api_port={self.port}", *self.tfserving_flags]
+            env["FORKSERVE_WORKERS"] = str(self.workers)
         if self.user is not None:
             account = pwd.getpwnam(self.user)
             command = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", *command]
