@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from flask import Blueprint, Response, g, request
+from google.protobuf import json_format
 
 from server.dataplane import envelope
 from server.dataplane.handler_flow import predict_with_handler
@@ -25,7 +26,7 @@ from server.http.request import (
     registry,
 )
 from server.models.registry import ModelVersion
-from server.protocols.tfserving import json_codec
+from server.protocols.tfserving import json_codec, messages, proto_codec
 from server.telemetry import measure
 from server.telemetry.payloads import capture
 
@@ -88,8 +89,12 @@ def models(rest: str) -> Response:
 
 def _metadata(served: ModelVersion) -> dict[str, Any]:
     """GetModelMetadata's JSON: the model spec and every signature def (and the handler, when there is one)."""
-    signatures = {k: v.tfserving_metadata() for k, v in sorted(served.servable.signatures.items())}
-    metadata: dict[str, Any] = {"signature_def": {"signature_def": signatures}}
+    signature_map = messages.apis().get_model_metadata_pb2.SignatureDefMap()
+    proto_codec.signature_def_map(served.servable.signature_defs, signature_map)
+    # TF Serving's ToJsonString options: field names as in the .proto, fields without presence printed when empty
+    signatures = json_format.MessageToDict(signature_map, preserving_proto_field_name=True,
+                                           always_print_fields_with_no_presence=True)
+    metadata: dict[str, Any] = {"signature_def": signatures}
     if served.handler is not None:
         metadata["handler"] = served.handler.describe()
     return {

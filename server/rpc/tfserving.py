@@ -123,8 +123,7 @@ class PredictionService:
                     raise InvalidArgument(f"metadata field {field!r} is not supported; the one field is 'signature_def'")
             served = resolve(self.calls, request.model_spec)
             signature_map = self.apis.get_model_metadata_pb2.SignatureDefMap()
-            for name, signature in sorted(served.servable.signatures.items()):
-                proto_codec.signature_def(signature, signature_map.signature_def[name])
+            proto_codec.signature_def_map(served.servable.signature_defs, signature_map)
             response.metadata["signature_def"].Pack(signature_map)
             proto_codec.fill_spec(response.model_spec, served.name, served.version, "")
             response.model_spec.ClearField("signature_name")

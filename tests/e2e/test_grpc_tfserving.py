@@ -266,6 +266,20 @@ def test_metadata_matches_rest(served: Server, predictions: Any, name: str) -> N
                 assert mine["tensorShape"].get("unknownRank", False) == info["tensor_shape"]["unknown_rank"]
 
 
+@pytest.mark.parametrize("name", ["half_plus_two", "half_plus_two_tf2"])
+def test_metadata_sends_the_savedmodels_signature_defs(predictions: Any, model_repo: Any, name: str) -> None:
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    request = spec(get_model_metadata_pb2.GetModelMetadataRequest(), name)
+    request.metadata_field.append("signature_def")
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    assert predictions.GetModelMetadata(request).metadata["signature_def"].Unpack(signature_map)
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((model_repo / name / "00000123" / "saved_model.pb").read_bytes())
+    (meta,) = saved.meta_graphs
+    assert dict(signature_map.signature_def) == dict(meta.signature_def)  # as TF Serving copies them
+
+
 def test_metadata_fields_other_than_signature_def_are_invalid(predictions: Any) -> None:
     for fields in ([], ["signature_def", "nope"]):
         request = spec(get_model_metadata_pb2.GetModelMetadataRequest(), "half_plus_two")

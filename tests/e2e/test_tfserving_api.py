@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -50,17 +53,49 @@ def test_unknown_model_and_version_are_404_with_error(server: Server) -> None:
     assert "half_plus_two" in response.json()["error"]
 
 
-def test_metadata_lists_signatures_like_tf_serving(server: Server) -> None:
-    body = server.get("/v1/models/half_plus_two/metadata").json()
-    assert body["model_spec"] == {"name": "half_plus_two", "signature_name": "", "version": "123"}
+def saved_signature_defs(path: Path) -> dict[str, Any]:
+    """A SavedModel's SignatureDefs read from its saved_model.pb, as TF Serving's REST metadata prints them."""
+    from google.protobuf import json_format
+    from tensorflow.core.protobuf import saved_model_pb2
+    from tensorflow_serving.apis import get_model_metadata_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((path / "saved_model.pb").read_bytes())
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    for meta in proto.meta_graphs:
+        if "serve" in meta.meta_info_def.tags:
+            signature_map.signature_def.MergeFrom(meta.signature_def)
+    return json_format.MessageToDict(signature_map, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)["signature_def"]
+
+
+@pytest.mark.parametrize("name", ["half_plus_two", "half_plus_two_tf2"])
+def test_metadata_is_the_savedmodels_signature_defs(server: Server, model_repo: Path, name: str) -> None:
+    body = server.get(f"/v1/models/{name}/metadata").json()
+    assert body["model_spec"] == {"name": name, "signature_name": "", "version": "123"}
     signatures = body["metadata"]["signature_def"]["signature_def"]
-    assert {"serving_default", "classify_x_to_y", "regress_x_to_y", "regress_x2_to_y3"} <= set(signatures)
-    default = signatures["serving_default"]
-    assert default["method_name"] == "tensorflow/serving/predict"
-    assert default["inputs"]["x"]["dtype"] == "DT_FLOAT"
-    assert [d["size"] for d in default["inputs"]["x"]["tensor_shape"]["dim"]] == ["-1", "1"]
-    assert signatures["classify_x_to_y"]["method_name"] == "tensorflow/serving/classify"
-    assert signatures["classify_x_to_y"]["inputs"]["inputs"]["dtype"] == "DT_STRING"
+    # every SignatureDef as saved (tensor names such as x:0 or serving_default_x:0, defaults, __saved_model_init_op)
+    assert signatures == saved_signature_defs(model_repo / name / "00000123")
+    if name == "half_plus_two":
+        assert signatures["serving_default"]["inputs"]["x"]["name"] == "x:0"
+        assert signatures["classify_x_to_y"]["inputs"]["inputs"] == {
+            "dtype": "DT_STRING", "tensor_shape": {"dim": [], "unknown_rank": True}, "name": "tf_example:0"}
+    else:
+        assert signatures["classify_x_to_y"]["method_name"] == "tensorflow/serving/predict"
+        assert signatures["__saved_model_init_op"]["outputs"]["__saved_model_init_op"]["name"] == "NoOp"
+
+
+@pytest.mark.parametrize("name", ["mlp", "multi_h5"])
+def test_keras_metadata_names_tensors_as_its_savedmodel_export(server: Server, keras_models: dict, tmp_path: Path,
+                                                               name: str) -> None:
+    """A .keras/.h5 model reports the tensor names TF Serving gives the same model exported with Keras 3."""
+    keras_models[name].export(str(tmp_path / "export"), format="tf_saved_model", verbose=False)
+    exported = saved_signature_defs(tmp_path / "export")["serving_default"]
+    signature = server.get(f"/v1/models/{name}/metadata").json()["metadata"]["signature_def"]["signature_def"][
+        "serving_default"]
+    assert signature["inputs"] == exported["inputs"]
+    names = keras_models[name].output_names  # forkserve keys outputs by these; the export by output_<i>
+    assert signature["outputs"] == {key: exported["outputs"][f"output_{i}"] for i, key in enumerate(names)}
 
 
 def test_signature_name_selects_another_signature(server: Server) -> None:

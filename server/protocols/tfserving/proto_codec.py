@@ -9,7 +9,7 @@ import numpy as np
 from server.config import ModelConfig
 from server.errors import InvalidArgument
 from server.protocols.tfserving import tensor_proto
-from server.signature import METHOD_NAMES, SignatureInfo, TensorInfo
+from server.signature import SignatureInfo, TensorInfo
 from server.tensors.declared import check_rows, check_shape
 from server.tensors.images import decode_image
 from server.tensors.validate import check_names
@@ -81,19 +81,28 @@ def fill_spec(spec: Any, name: str, version: int, signature_name: str) -> None:
     spec.signature_name = signature_name
 
 
+def signature_def_map(signatures: dict[str, SignatureInfo], proto: Any) -> None:
+    """Fill a tensorflow.serving.SignatureDefMap: every SignatureDef, as TF Serving's GetModelMetadata copies them."""
+    for name, signature in sorted(signatures.items()):
+        signature_def(signature, proto.signature_def[name])
+
+
 def signature_def(signature: SignatureInfo, proto: Any) -> None:
-    """Fill a tensorflow.SignatureDef with a signature's tensors (names as TF Serving's REST metadata gives them)."""
+    """Fill a tensorflow.SignatureDef: the SavedModel's own when known, else built from the signature's tensors."""
+    if signature.definition is not None:
+        proto.MergeFromString(signature.definition)
+        return
     for kind, tensors in (("inputs", signature.inputs), ("outputs", signature.outputs)):
         for key, info in tensors.items():
             entry = getattr(proto, kind)[key]
-            entry.name = info.name
-            entry.dtype = tensor_proto.ENUMS.get(info.dtype, 0)
+            entry.name = info.tensor_name
+            entry.dtype = entry.DESCRIPTOR.fields_by_name["dtype"].enum_type.values_by_name[info.tf_dtype].number
             if info.shape is None:
                 entry.tensor_shape.unknown_rank = True
             else:
                 for size in info.shape:
                     entry.tensor_shape.dim.add().size = -1 if size is None else size
-    proto.method_name = METHOD_NAMES[signature.method]
+    proto.method_name = signature.tfserving_method_name
 
 
 def serialized_examples(given: Any, max_rows: int) -> np.ndarray:
