@@ -22,6 +22,12 @@ class InvalidArgument(ApiError):
     status = 400
 
 
+class FailedPrecondition(ApiError):
+    """FAILED_PRECONDITION over gRPC; 400 over REST, as TF Serving maps it (a failed version is VersionFailed)."""
+
+    status = 400
+
+
 class NotFound(ApiError):
     """NOT_FOUND: no such model, version, label or signature (404)."""
 

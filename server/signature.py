@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.errors import InvalidArgument
-
 DEFAULT_SIGNATURE = "serving_default"  # the signature a request that names none is run on (TF Serving's key)
 
 # numpy dtype name -> TF DataType enum name (TF Serving's metadata uses the enum names).
@@ -98,12 +96,3 @@ class SignatureInfo:
     def tfserving_method_name(self) -> str:
         """method_name as the SignatureDef holds it (TF2 SavedModels label classify signatures predict)."""
         return METHOD_NAMES[self.method] if self.method_name is None else self.method_name
-
-    def check_takes_examples(self, method: str, instead: str) -> None:
-        """InvalidArgument unless this is a `method` signature of serialized tf.Examples (`instead`: how to call its own method)."""
-        if self.method != method:
-            raise InvalidArgument(f"signature {self.name!r} is a {self.method} signature, not {method}; "
-                                  f"{instead.format(method=self.method, Method=self.method.capitalize())} "
-                                  "or pick another signature_name")
-        if list(self.inputs) != ["inputs"] or self.inputs["inputs"].dtype != "string":
-            raise InvalidArgument(f"signature {self.name!r} does not take serialized tf.Examples")

@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from server.errors import Cancelled, DeadlineExceeded
+from server.errors import Cancelled, DeadlineExceeded, FailedPrecondition, InvalidArgument
 from server.models.executor import Abandoned
 from server.models.flow import Steps, Wait, run_blocking
 from server.models.registry import ModelVersion
 from server.models.reply import CancelledError, ReplyTimeout
+from server.protocols.tfserving import examples as tfserving_examples
 from server.protocols.tfserving import json_codec
 from server.signature import DEFAULT_SIGNATURE, SignatureInfo
 from server.telemetry import measure, metrics
@@ -23,9 +24,24 @@ from server.tensors.validate import validate_inputs
 def tfserving_predict(served: ModelVersion, body: Any, timeout: float) -> dict[str, Any]:
     """TF Serving's predict without a handler, row or columnar, through the executor: the response body."""
     started = time.perf_counter()
-    decoded = json_codec.decode_predict(body, served.signature, served.config)
+    decoded = json_codec.decode_predict(body, lambda name: rest_predict_signature(served, name), served.config)
     _, outputs = predict(served, decoded.signature_name, decoded.inputs, started, timeout)
     return json_codec.encode_predict(outputs, decoded.row_format)
+
+
+def predict_signature(served: ModelVersion, name: str) -> SignatureInfo:
+    """The signature a PredictRequest (gRPC, warm-up) names, or TF Serving's FAILED_PRECONDITION (predict_util.cc)."""
+    key = name or DEFAULT_SIGNATURE
+    if key not in served.servable.signatures:
+        raise FailedPrecondition(f'Serving signature key "{key}" not found.')
+    return served.signature(key)
+
+
+def rest_predict_signature(served: ModelVersion, name: str) -> SignatureInfo:
+    """The signature a REST predict body names, or TF Serving's INVALID_ARGUMENT (http_rest_api_handler.cc GetInfoMap)."""
+    if name not in served.servable.signatures:
+        raise InvalidArgument(f'Serving signature name: "{name}" not found in signature def')
+    return served.signature(name)
 
 
 def predict(
@@ -97,22 +113,49 @@ def infer_steps(
     return outputs
 
 
+def examples_signature(served: ModelVersion, signature_name: str, method: str) -> SignatureInfo:
+    """The signature a Classify/Regress request names, by TF Serving's checks and messages (server.protocols.tfserving.examples)."""
+    checked = tfserving_examples.examples_signature(served.servable.signature_defs, signature_name, method)
+    return served.signature(checked.name)
+
+
 def examples_steps(
-    served: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, instead: str, decode_started: float,
-    timeout: float,
-) -> Steps[tuple[SignatureInfo, dict[str, np.ndarray]]]:
-    """Classify or regress serialized tf.Examples on a signature of that `method`, as a flow (`instead`: the hint's wording)."""
-    signature = served.signature(signature_name or DEFAULT_SIGNATURE)
-    signature.check_takes_examples(method, instead)
+    served: ModelVersion, signature: SignatureInfo, serialized: np.ndarray, decode_started: float, timeout: float,
+) -> Steps[dict[str, np.ndarray]]:
+    """Serialized tf.Examples through a signature that takes them (examples_signature), as a flow."""
     if capture.ON:
         capture.tensors(measure.current(), {"inputs": serialized})
     measure.stage("decode", time.perf_counter() - decode_started)
     outputs = yield from infer_steps(served, signature.name, {"inputs": serialized}, len(serialized), signature.batchable,
                                      timeout)
-    return signature, outputs
+    return outputs
 
 
-def examples(served: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, instead: str,
-             decode_started: float, timeout: float) -> tuple[SignatureInfo, dict[str, Any]]:
-    """examples_steps() on this thread."""
-    return run_blocking(examples_steps(served, signature_name, serialized, method, instead, decode_started, timeout))
+def multi_inference_checked(served: ModelVersion, tasks: Any) -> list[tuple[SignatureInfo, str]]:
+    """A MultiInferenceRequest's tasks (InferenceTask messages) as (callable signature, method), by TF Serving's checks."""
+    checked = tfserving_examples.multi_inference_tasks(
+        [(t.model_spec.name, t.model_spec.signature_name, t.method_name) for t in tasks], served.servable.signature_defs)
+    return [(served.signature(signature.name), method) for signature, method in checked]
+
+
+def multi_inference_steps(
+    served: ModelVersion, tasks: list[tuple[SignatureInfo, str]], serialized: np.ndarray, decode_started: float,
+    timeout: float,
+) -> Steps[list[dict[str, np.ndarray]]]:
+    """MultiInference: the same tf.Examples through each task's signature, one call each, in task order."""
+    if capture.ON:
+        capture.tensors(measure.current(), {"inputs": serialized})
+    measure.stage("decode", time.perf_counter() - decode_started)
+    results = []
+    deadline = time.monotonic() + timeout
+    for signature, _ in tasks:
+        results.append((yield from infer_steps(served, signature.name, {"inputs": serialized}, len(serialized),
+                                               signature.batchable, max(deadline - time.monotonic(), 0.0))))
+    return results
+
+
+def examples(served: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, decode_started: float,
+             timeout: float) -> tuple[SignatureInfo, dict[str, Any]]:
+    """A Classify/Regress request's signature checked and its examples run, on this thread."""
+    signature = examples_signature(served, signature_name, method)
+    return signature, run_blocking(examples_steps(served, signature, serialized, decode_started, timeout))

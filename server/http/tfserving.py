@@ -104,10 +104,10 @@ def _metadata(served: ModelVersion) -> dict[str, Any]:
 
 
 def _classify_or_regress(served: ModelVersion, body: Any, method: str) -> dict[str, Any]:
-    """tf.Example requests for signatures whose method is classify or regress."""
+    """tf.Example requests for a signature that takes them (TF Serving's rule: its tensors' keys, not its method_name)."""
     started = time.perf_counter()
     signature_name, serialized = json_codec.decode_examples(body, served.config.max_request_rows)
-    _, outputs = examples(served, signature_name, serialized, method, "use :{method}", started, flask_request_timeout(served))
+    _, outputs = examples(served, signature_name, serialized, method, started, flask_request_timeout(served))
     if method == "classify":
         return json_codec.encode_classify(outputs, len(serialized))
     return json_codec.encode_regress(outputs, len(serialized))

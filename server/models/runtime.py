@@ -137,7 +137,7 @@ class KerasServable(Servable):
         self.concrete = self.function.get_concrete_function()
         self.flat: compat.FlatCall | None = None  # set by warm_up once checked
         outputs = self.concrete.structured_outputs
-        tensors = _keras_export_names(input_names, list(outputs), isinstance(self.model.output, dict))
+        tensors = _keras_export_names(input_names, list(outputs), _dict_output(self.model))
         self.signatures = {
             "serving_default": SignatureInfo(
                 name="serving_default",
@@ -221,6 +221,14 @@ def _keras_input_structure(model: Any) -> Any:
         return model.input  # functional models; a dict-built model must be called with a dict
     except (AttributeError, ValueError):  # Sequential loaded from a Keras 2 file has only .inputs
         return model.inputs[0] if len(model.inputs) == 1 else list(model.inputs)
+
+
+def _dict_output(model: Any) -> bool:
+    """Whether the model gives a dict of outputs (a Sequential loaded from a file has no .output until called)."""
+    try:
+        return isinstance(model.output, dict)
+    except (AttributeError, ValueError):
+        return False
 
 
 def _keras_output_names(model: Any) -> list[str]:

@@ -21,6 +21,7 @@ from server.errors import (
     ApiError,
     Cancelled,
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -50,7 +51,7 @@ CLIENT_CLOSED = 499  # nginx's status for a request its client gave up: a cancel
 
 def status_code(exc: ApiError) -> grpc.StatusCode:
     """The gRPC status of a known failure (TF Serving's own mapping: a failed version is FAILED_PRECONDITION)."""
-    if isinstance(exc, VersionFailed):
+    if isinstance(exc, (VersionFailed, FailedPrecondition)):
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(exc, Cancelled):
         return grpc.StatusCode.CANCELLED

@@ -94,8 +94,9 @@ def test_keras_metadata_names_tensors_as_its_savedmodel_export(server: Server, k
     signature = server.get(f"/v1/models/{name}/metadata").json()["metadata"]["signature_def"]["signature_def"][
         "serving_default"]
     assert signature["inputs"] == exported["inputs"]
-    names = keras_models[name].output_names  # forkserve keys outputs by these; the export by output_<i>
-    assert signature["outputs"] == {key: exported["outputs"][f"output_{i}"] for i, key in enumerate(names)}
+    model = keras_models[name]  # forkserve keys outputs by the model's names; the export a list of them by output_<i>
+    keys = {k: k if isinstance(model.output, dict) else f"output_{i}" for i, k in enumerate(model.output_names)}
+    assert signature["outputs"] == {key: exported["outputs"][keys[key]] for key in keys}
 
 
 def test_signature_name_selects_another_signature(server: Server) -> None:
@@ -106,8 +107,7 @@ def test_signature_name_selects_another_signature(server: Server) -> None:
     # y3 = 0.5 * x + 3 in TF Serving's test model.
     assert response.json() == {"predictions": [[3.5], [4.0]]}
     missing = server.post("/v1/models/half_plus_two:predict", json={"signature_name": "nope", "instances": [1.0]})
-    assert missing.status_code == 404
-    assert "serving_default" in missing.json()["error"]
+    assert (missing.status_code, missing.json()) == (400, {"error": 'Serving signature name: "nope" not found in signature def'})
 
 
 def test_classify_and_regress_with_tf_examples(server: Server) -> None:
@@ -128,10 +128,30 @@ def test_classify_and_regress_with_tf_examples(server: Server) -> None:
     assert with_context.json() == {"results": [4.5, 2.5]}
 
 
-def test_classify_on_a_predict_signature_is_refused(server: Server) -> None:
+def test_classify_on_a_signature_without_its_tensors_is_refused_in_tf_servings_words(server: Server) -> None:
     response = server.post("/v1/models/half_plus_two:classify", json={"examples": [{"x": 1.0}]})
     assert response.status_code == 400
-    assert "predict signature" in response.json()["error"]
+    assert response.json()["error"].startswith('No classification inputs found in SignatureDef: inputs {\n  key: "x"\n')
+    for body, message in (({"signature_name": "nope", "examples": [{"x": 1.0}]}, "No signature was found with the name: nope"),
+                          ({"signature_name": "classify_x_to_y", "examples": [{"x": 1.0}]},
+                           "No regression outputs found in SignatureDef: ")):
+        response = server.post("/v1/models/half_plus_two_tf2:regress", json=body)
+        assert response.status_code == 400 and response.json()["error"].startswith(message), response.text
+
+
+def test_tf2_classify_and_regress_signatures_answer_as_tf_serving(server: Server) -> None:
+    """TF2's half_plus_two labels them tensorflow/serving/predict; TF Serving classifies and regresses them by their keys."""
+    examples = [{"x": 1.0}, {"x": 2.0}]
+    classify = server.post("/v1/models/half_plus_two_tf2:classify", json={"signature_name": "classify_x_to_y",
+                                                                          "examples": examples})
+    assert classify.status_code == 200, classify.text
+    assert classify.json() == {"results": [[["", 2.5]], [["", 3.0]]]}
+    regress = server.post("/v1/models/half_plus_two_tf2:regress", json={"signature_name": "regress_x_to_y",
+                                                                        "examples": examples})
+    assert regress.json() == {"results": [2.5, 3.0]}
+    floats = server.post("/v1/models/half_plus_two_tf2:classify", json={"signature_name": "classify_x2_to_y3",
+                                                                        "examples": examples})
+    assert floats.status_code == 400 and "takes DT_FLOAT in 'inputs', not serialized tf.Examples" in floats.json()["error"]
 
 
 def test_tf2_savedmodel_with_fixed_batch(server: Server) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from server.config import ModelConfig
 from server.errors import InvalidArgument
+from server.protocols.tfserving import examples as example_rules
 from server.signature import DEFAULT_SIGNATURE, SignatureInfo
 from server.tensors.arrays import to_array, utf8
 from server.tensors.b64 import decode_b64, encode_b64, is_b64_value
@@ -179,24 +180,11 @@ def decode_examples(body: Any, max_rows: int) -> tuple[str, np.ndarray]:
 
 
 def encode_classify(outputs: dict[str, np.ndarray], batch: int) -> dict[str, Any]:
-    """`results`: per example a list of [label, score] pairs, as TF Serving writes them."""
-    scores = outputs.get("scores")
-    classes = outputs.get("classes")
-    results = []
-    for i in range(batch):
-        row_scores = [] if scores is None else np.asarray(scores[i]).reshape(-1).tolist()
-        row_classes = [] if classes is None else np.asarray(classes[i]).reshape(-1).tolist()
-        count = max(len(row_scores), len(row_classes))
-        labels = [c.decode("utf-8", "replace") if isinstance(c, bytes) else str(c) for c in row_classes]
-        labels += [""] * (count - len(labels))
-        row_scores += [0.0] * (count - len(row_scores))
-        results.append([[label, score] for label, score in zip(labels, row_scores)])
-    return {"results": results}
+    """`results`: per example a list of [label, score] pairs, as TF Serving writes them ("" and 0 for what is missing)."""
+    return {"results": [[["" if label is None else label, 0.0 if score is None else score] for label, score in pairs]
+                        for pairs in example_rules.classifications(outputs, batch)]}
 
 
 def encode_regress(outputs: dict[str, np.ndarray], batch: int) -> dict[str, Any]:
     """`results`: one value per example."""
-    values = outputs.get("outputs")
-    if values is None or np.asarray(values).size != batch:
-        raise InvalidArgument("regression signature must give one 'outputs' value per example")
-    return {"results": np.asarray(values).reshape(batch).tolist()}
+    return {"results": example_rules.regressions(outputs, batch)}

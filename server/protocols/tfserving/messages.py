@@ -18,6 +18,8 @@ def apis() -> ModuleType:
         classification_pb2,
         get_model_metadata_pb2,
         get_model_status_pb2,
+        inference_pb2,
+        model_pb2,
         model_service_pb2,
         predict_pb2,
         prediction_log_pb2,

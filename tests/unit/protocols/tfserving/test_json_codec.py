@@ -296,9 +296,9 @@ def test_encode_classify_with_classes_only_gives_zero_scores() -> None:
     assert body == {"results": [[["a", 0.0], ["b", 0.0]]]}
 
 
-def test_encode_classify_with_numeric_classes_writes_them_as_text() -> None:
-    body = encode_classify({"classes": np.array([[3, 7]], np.int64), "scores": np.array([[0.5, 0.25]], np.float32)}, batch=1)
-    assert body == {"results": [[["3", 0.5], ["7", 0.25]]]}
+def test_encode_classify_refuses_numeric_classes_as_tf_serving_does() -> None:
+    with pytest.raises(InvalidArgument, match="^Expected classes Tensor of DT_STRING. Got: DT_INT64$"):
+        encode_classify({"classes": np.array([[3, 7]], np.int64), "scores": np.array([[0.5, 0.25]], np.float32)}, batch=1)
 
 
 def test_encode_regress_gives_one_value_per_example() -> None:
@@ -308,12 +308,14 @@ def test_encode_regress_gives_one_value_per_example() -> None:
 
 
 @pytest.mark.parametrize(
-    "outputs",
-    [{}, {"outputs": np.zeros((2, 2), np.float32)}, {"scores": np.zeros(2, np.float32)}],
+    ("outputs", "message"),
+    [({}, "Could not find output tensor 'outputs'"),
+     ({"outputs": np.zeros((2, 2), np.float32)}, r"\[batch_size, 1\] but got \[2,2\]"),
+     ({"scores": np.zeros(2, np.float32)}, "Could not find output tensor 'outputs'")],
     ids=["no-outputs", "two-values-each", "wrong-name"],
 )
-def test_encode_regress_refuses_other_output_shapes(outputs: dict[str, np.ndarray]) -> None:
-    with pytest.raises(InvalidArgument, match="one 'outputs' value per example"):
+def test_encode_regress_refuses_other_output_shapes(outputs: dict[str, np.ndarray], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
         encode_regress(outputs, batch=2)
 
 
