@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from server.dataplane import envelope
 from server.dataplane.handler_flow import predict_with_handler
 from server.dataplane.inference import examples, tfserving_predict
-from server.dataplane.models import tfserving_statuses
+from server.dataplane.models import tfserving_statuses, tfserving_version
 from server.dataplane.requests import model_address
 from server.errors import ApiError, NotFound
 from server.http.request import (
@@ -71,7 +71,7 @@ def models(rest: str) -> Response:
         measure.set_model(name)
     if action == "status":
         return json_response({"model_version_status": tfserving_statuses(registry(), name, version, label)})
-    served = registry().get(name).resolve(version, label)
+    served = tfserving_version(registry().get(name), version, label)
     if action == "metadata":
         return json_response(_metadata(served), version=served)
     envelope.serving(served)

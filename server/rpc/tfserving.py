@@ -16,7 +16,7 @@ from server.dataplane.inference import (
     multi_inference_steps,
     predict_signature,
 )
-from server.dataplane.models import tfserving_statuses
+from server.dataplane.models import tfserving_statuses, tfserving_version
 from server.dataplane.requests import model_address
 from server.errors import ApiError, InvalidArgument
 from server.models.flow import Steps
@@ -49,8 +49,8 @@ def resolve(calls: Calls, spec: Any) -> ModelVersion:
     """The version a ModelSpec addresses: version, version_label or the latest, as the REST paths do."""
     model = calls.registry.get(model_name(spec))
     choice = spec.WhichOneof("version_choice")  # version and version_label are a oneof
-    return model.resolve(spec.version.value if choice == "version" else None,
-                         spec.version_label if choice == "version_label" else None)
+    return tfserving_version(model, spec.version.value if choice == "version" else None,
+                             spec.version_label if choice == "version_label" else None)
 
 
 class PredictionService:

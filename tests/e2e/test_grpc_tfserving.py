@@ -166,7 +166,6 @@ def test_version_label_and_signature_behave_as_rest(served: Server, predictions:
     np.testing.assert_array_equal(y3, rest.json()["predictions"])
     assert other.model_spec.signature_name == "regress_x2_to_y3"
     cases = [
-        (predict_request("mlp", {"features": features}, label="canary"), "/v1/models/mlp/labels/canary:predict", {}),
         (predict_request("half_plus_two", {"x": x}, version=7), "/v1/models/half_plus_two/versions/7:predict", {}),
         (predict_request("nope", {"x": x}), "/v1/models/nope:predict", {}),
     ]
@@ -175,6 +174,9 @@ def test_version_label_and_signature_behave_as_rest(served: Server, predictions:
         status, message = rest_error(served, path, {"instances": [[1.0]], **extra})
         assert (error.code(), status) == (grpc.StatusCode.NOT_FOUND, 404), path
         assert error.details() == message
+    error = refused(predictions.Predict, predict_request("mlp", {"features": features}, label="canary"))
+    assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "Unrecognized servable version label: canary")
+    assert rest_error(served, "/v1/models/mlp/labels/canary:predict", {"instances": [[1.0]]}) == (400, error.details())
     # TF Serving's own words, which differ between its gRPC (predict_util.cc) and REST (http_rest_api_handler.cc) paths
     error = refused(predictions.Predict, predict_request("half_plus_two", {"x": x}, signature="nope"))
     assert (error.code(), error.details()) == (grpc.StatusCode.FAILED_PRECONDITION, 'Serving signature key "nope" not found.')

@@ -176,7 +176,9 @@ def test_labels_and_explicit_versions(server: Server) -> None:
     by_version = server.post("/v1/models/mlp/versions/1:predict", json=body)
     assert by_label.status_code == by_version.status_code == 200
     assert by_label.json() == by_version.json()
-    assert server.post("/v1/models/mlp/labels/canary:predict", json=body).status_code == 404
+    unknown = server.post("/v1/models/mlp/labels/canary:predict", json=body)  # TF Serving's INVALID_ARGUMENT
+    assert (unknown.status_code, unknown.json()) == (400, {"error": "Unrecognized servable version label: canary"})
+    assert server.get("/v1/models/mlp/labels/canary/metadata").status_code == 400
 
 
 def test_keras2_hdf5_and_savedmodel_match_keras2_outputs(server: Server) -> None:
