@@ -135,6 +135,9 @@ class PredictionService:
             if capture.ON:
                 capture.grpc_inputs(measure.current(), {"inputs": serialized})
             results = yield from multi_inference_steps(served, tasks, serialized, started, timeout_for(context, served))
+            if capture.ON:  # each task's outputs under "<signature>/<output>"
+                capture.grpc_outputs(measure.current(), {f"{signature.name}/{key}": array for (signature, _), outputs
+                                                         in zip(tasks, results) for key, array in outputs.items()}, [])
             for task, (signature, method), outputs in zip(request.tasks, tasks, results):
                 result = response.results.add()
                 fill = proto_codec.fill_classifications if method == "classify" else proto_codec.fill_regressions
