@@ -22,6 +22,12 @@ class InvalidArgument(ApiError):
     status = 400
 
 
+class FailedPrecondition(ApiError):
+    """FAILED_PRECONDITION over gRPC; 400 over REST, as TF Serving maps it (a failed version is VersionFailed)."""
+
+    status = 400
+
+
 class NotFound(ApiError):
     """NOT_FOUND: no such model, version, label or signature (404)."""
 
@@ -36,12 +42,6 @@ class Unavailable(ApiError):
 
 class VersionFailed(Unavailable):
     """A version that failed to load or was failed by a rollout: 503 over REST, FAILED_PRECONDITION over gRPC."""
-
-
-class FailedPrecondition(ApiError):
-    """FAILED_PRECONDITION: the server is not in a state to do it (400), e.g. a label on a version not served."""
-
-    status = 400
 
 
 class Unknown(ApiError):

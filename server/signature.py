@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.errors import InvalidArgument
-
 DEFAULT_SIGNATURE = "serving_default"  # the signature a request that names none is run on (TF Serving's key)
 
 # numpy dtype name -> TF DataType enum name (TF Serving's metadata uses the enum names).
@@ -23,6 +21,11 @@ TF_DTYPE_NAMES = {
     "uint64": "DT_UINT64",
     "bool": "DT_BOOL",
     "string": "DT_STRING",
+    "bfloat16": "DT_BFLOAT16",
+    "complex64": "DT_COMPLEX64",
+    "complex128": "DT_COMPLEX128",
+    "resource": "DT_RESOURCE",
+    "variant": "DT_VARIANT",
 }
 
 METHOD_NAMES = {
@@ -36,11 +39,12 @@ Shape = tuple[int | None, ...] | None  # None: unknown rank; a None dimension: a
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Name, numpy dtype name ("string" for bytes) and shape of one signature tensor."""
+    """Key, numpy dtype name ("string" for bytes, "invalid" for DT_INVALID) and shape of one signature tensor."""
 
     name: str
     dtype: str
     shape: Shape
+    tensor: str | None = None  # the graph tensor the SignatureDef names ("x:0"), which metadata reports; None: the key
 
     @property
     def is_image(self) -> bool:
@@ -58,14 +62,15 @@ class TensorInfo:
             return "<unknown rank>"
         return "[" + ", ".join("-1" if d is None else str(d) for d in self.shape) + "]"
 
-    def tfserving_metadata(self) -> dict:
-        """TensorInfo in TF Serving's JSON form (int64 sizes as strings, as protobuf JSON does)."""
-        if self.shape is None:
-            shape: dict = {"dim": [], "unknown_rank": True}
-        else:
-            dims = [{"size": str(-1 if d is None else d), "name": ""} for d in self.shape]
-            shape = {"dim": dims, "unknown_rank": False}
-        return {"dtype": TF_DTYPE_NAMES.get(self.dtype, "DT_INVALID"), "tensor_shape": shape, "name": self.name}
+    @property
+    def tf_dtype(self) -> str:
+        """The DataType enum name (DT_FLOAT), DT_INVALID when TF has none for it."""
+        return TF_DTYPE_NAMES.get(self.dtype, "DT_INVALID")
+
+    @property
+    def tensor_name(self) -> str:
+        """The name TF Serving's metadata gives the tensor: the SignatureDef's, else the key."""
+        return self.name if self.tensor is None else self.tensor
 
 
 @dataclass(frozen=True)
@@ -79,26 +84,15 @@ class SignatureInfo:
     # TF1 graphs (TF Serving's half_plus_two) check no shapes when fed, like TF Serving itself;
     # traced TF2 functions reject a shape that differs from their signature.
     strict_shapes: bool = True
+    method_name: str | None = None  # the SignatureDef's own method_name, as metadata reports it; None: from `method`
+    definition: bytes | None = None  # the SavedModel's serialized SignatureDef: metadata answers it as is (defaults too)
 
     @property
     def batchable(self) -> bool:
         """Rows of different requests can share one call: every input has a free batch dimension."""
         return all(t.shape is not None and len(t.shape) >= 1 and t.shape[0] is None for t in self.inputs.values())
 
-    def tfserving_metadata(self) -> dict:
-        """SignatureDef in TF Serving's JSON form."""
-        return {
-            "inputs": {k: v.tfserving_metadata() for k, v in self.inputs.items()},
-            "outputs": {k: v.tfserving_metadata() for k, v in self.outputs.items()},
-            "method_name": METHOD_NAMES[self.method],
-            "defaults": {},
-        }
-
-    def check_takes_examples(self, method: str, instead: str) -> None:
-        """InvalidArgument unless this is a `method` signature of serialized tf.Examples (`instead`: how to call its own method)."""
-        if self.method != method:
-            raise InvalidArgument(f"signature {self.name!r} is a {self.method} signature, not {method}; "
-                                  f"{instead.format(method=self.method, Method=self.method.capitalize())} "
-                                  "or pick another signature_name")
-        if list(self.inputs) != ["inputs"] or self.inputs["inputs"].dtype != "string":
-            raise InvalidArgument(f"signature {self.name!r} does not take serialized tf.Examples")
+    @property
+    def tfserving_method_name(self) -> str:
+        """method_name as the SignatureDef holds it (TF2 SavedModels label classify signatures predict)."""
+        return METHOD_NAMES[self.method] if self.method_name is None else self.method_name

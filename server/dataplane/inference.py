@@ -7,13 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from server.errors import Cancelled, DeadlineExceeded
+from server.errors import Cancelled, DeadlineExceeded, InvalidArgument
 from server.models.executor import Abandoned
 from server.models.flow import Steps, Wait, run_blocking
 from server.models.registry import ModelVersion
 from server.models.reply import CancelledError, ReplyTimeout
+from server.models.signature_choice import examples_signature
 from server.protocols.tfserving import json_codec
-from server.signature import DEFAULT_SIGNATURE, SignatureInfo
+from server.signature import SignatureInfo
 from server.telemetry import measure, metrics
 from server.telemetry.payloads import capture
 from server.tensors.declared import check_rows
@@ -23,9 +24,16 @@ from server.tensors.validate import validate_inputs
 def tfserving_predict(served: ModelVersion, body: Any, timeout: float) -> dict[str, Any]:
     """TF Serving's predict without a handler, row or columnar, through the executor: the response body."""
     started = time.perf_counter()
-    decoded = json_codec.decode_predict(body, served.signature, served.config)
+    decoded = json_codec.decode_predict(body, lambda name: rest_predict_signature(served, name), served.config)
     _, outputs = predict(served, decoded.signature_name, decoded.inputs, started, timeout)
     return json_codec.encode_predict(outputs, decoded.row_format)
+
+
+def rest_predict_signature(served: ModelVersion, name: str) -> SignatureInfo:
+    """The signature a REST predict body names, or TF Serving's INVALID_ARGUMENT (http_rest_api_handler.cc GetInfoMap)."""
+    if name not in served.servable.signatures:
+        raise InvalidArgument(f'Serving signature name: "{name}" not found in signature def')
+    return served.signature(name)
 
 
 def predict(
@@ -98,21 +106,35 @@ def infer_steps(
 
 
 def examples_steps(
-    served: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, instead: str, decode_started: float,
-    timeout: float,
-) -> Steps[tuple[SignatureInfo, dict[str, np.ndarray]]]:
-    """Classify or regress serialized tf.Examples on a signature of that `method`, as a flow (`instead`: the hint's wording)."""
-    signature = served.signature(signature_name or DEFAULT_SIGNATURE)
-    signature.check_takes_examples(method, instead)
+    served: ModelVersion, signature: SignatureInfo, serialized: np.ndarray, decode_started: float, timeout: float,
+) -> Steps[dict[str, np.ndarray]]:
+    """Serialized tf.Examples through a signature that takes them (examples_signature), as a flow."""
     if capture.ON:
         capture.tensors(measure.current(), {"inputs": serialized})
     measure.stage("decode", time.perf_counter() - decode_started)
     outputs = yield from infer_steps(served, signature.name, {"inputs": serialized}, len(serialized), signature.batchable,
                                      timeout)
-    return signature, outputs
+    return outputs
 
 
-def examples(served: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, instead: str,
-             decode_started: float, timeout: float) -> tuple[SignatureInfo, dict[str, Any]]:
-    """examples_steps() on this thread."""
-    return run_blocking(examples_steps(served, signature_name, serialized, method, instead, decode_started, timeout))
+def multi_inference_steps(
+    served: ModelVersion, tasks: list[tuple[SignatureInfo, str]], serialized: np.ndarray, decode_started: float,
+    timeout: float,
+) -> Steps[list[dict[str, np.ndarray]]]:
+    """MultiInference: the same tf.Examples through each task's signature, one call each, in task order."""
+    if capture.ON:
+        capture.tensors(measure.current(), {"inputs": serialized})
+    measure.stage("decode", time.perf_counter() - decode_started)
+    results = []
+    deadline = time.monotonic() + timeout
+    for signature, _ in tasks:
+        results.append((yield from infer_steps(served, signature.name, {"inputs": serialized}, len(serialized),
+                                               signature.batchable, max(deadline - time.monotonic(), 0.0))))
+    return results
+
+
+def examples(served: ModelVersion, signature_name: str, serialized: np.ndarray, method: str, decode_started: float,
+             timeout: float) -> tuple[SignatureInfo, dict[str, Any]]:
+    """A Classify/Regress request's signature checked and its examples run, on this thread."""
+    signature = examples_signature(served, signature_name, method)
+    return signature, run_blocking(examples_steps(served, signature, serialized, decode_started, timeout))

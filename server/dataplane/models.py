@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.errors import ApiError, NotFound
-from server.models.registry import AVAILABLE, ModelRegistry, ModelVersion
+from server.errors import ApiError, InvalidArgument, NotFound
+from server.models.registry import AVAILABLE, Model, ModelRegistry, ModelVersion
 from server.protocols.v2 import SERVER_NAME, SERVER_VERSION
 from server.protocols.v2.json_codec import tensor_metadata
 from server.protocols.v2.model_config import model_config
 from server.signature import DEFAULT_SIGNATURE, SignatureInfo
+
+
+def tfserving_version(model: Model, version: int | None, label: str | None) -> ModelVersion:
+    """The version a TF Serving request addresses; an unknown label is TF Serving's INVALID_ARGUMENT (server_core.cc)."""
+    if label is not None and label not in model.config.labels:
+        raise InvalidArgument(f"Unrecognized servable version label: {label}")
+    return model.resolve(version, label)
 
 
 def tfserving_statuses(registry: ModelRegistry, name: str, version: int | None, label: str | None) -> list[dict[str, Any]]:

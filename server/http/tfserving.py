@@ -11,11 +11,12 @@ import time
 from typing import Any
 
 from flask import Blueprint, Response, g, request
+from google.protobuf import json_format
 
 from server.dataplane import envelope
 from server.dataplane.handler_flow import predict_with_handler
 from server.dataplane.inference import examples, tfserving_predict
-from server.dataplane.models import tfserving_statuses
+from server.dataplane.models import tfserving_statuses, tfserving_version
 from server.dataplane.requests import model_address
 from server.errors import ApiError, NotFound
 from server.http.request import (
@@ -25,7 +26,7 @@ from server.http.request import (
     registry,
 )
 from server.models.registry import ModelVersion
-from server.protocols.tfserving import json_codec
+from server.protocols.tfserving import json_codec, messages, proto_codec
 from server.telemetry import measure
 from server.telemetry.payloads import capture
 
@@ -70,7 +71,7 @@ def models(rest: str) -> Response:
         measure.set_model(name)
     if action == "status":
         return json_response({"model_version_status": tfserving_statuses(registry(), name, version, label)})
-    served = registry().get(name).resolve(version, label)
+    served = tfserving_version(registry().get(name), version, label)
     if action == "metadata":
         return json_response(_metadata(served), version=served)
     envelope.serving(served)
@@ -88,8 +89,12 @@ def models(rest: str) -> Response:
 
 def _metadata(served: ModelVersion) -> dict[str, Any]:
     """GetModelMetadata's JSON: the model spec and every signature def (and the handler, when there is one)."""
-    signatures = {k: v.tfserving_metadata() for k, v in sorted(served.servable.signatures.items())}
-    metadata: dict[str, Any] = {"signature_def": {"signature_def": signatures}}
+    signature_map = messages.apis().get_model_metadata_pb2.SignatureDefMap()
+    proto_codec.signature_def_map(served.servable.signature_defs, signature_map)
+    # TF Serving's ToJsonString options: field names as in the .proto, fields without presence printed when empty
+    signatures = json_format.MessageToDict(signature_map, preserving_proto_field_name=True,
+                                           always_print_fields_with_no_presence=True)
+    metadata: dict[str, Any] = {"signature_def": signatures}
     if served.handler is not None:
         metadata["handler"] = served.handler.describe()
     return {
@@ -99,10 +104,10 @@ def _metadata(served: ModelVersion) -> dict[str, Any]:
 
 
 def _classify_or_regress(served: ModelVersion, body: Any, method: str) -> dict[str, Any]:
-    """tf.Example requests for signatures whose method is classify or regress."""
+    """tf.Example requests for a signature that takes them (TF Serving's rule: its tensors' keys, not its method_name)."""
     started = time.perf_counter()
     signature_name, serialized = json_codec.decode_examples(body, served.config.max_request_rows)
-    _, outputs = examples(served, signature_name, serialized, method, "use :{method}", started, flask_request_timeout(served))
+    _, outputs = examples(served, signature_name, serialized, method, started, flask_request_timeout(served))
     if method == "classify":
         return json_codec.encode_classify(outputs, len(serialized))
     return json_codec.encode_regress(outputs, len(serialized))

@@ -59,7 +59,8 @@ def _tf_error(exc: tf.errors.OpError) -> ApiError:
 class Servable:
     """One loaded model version: its signatures and a way to call them with numpy inputs."""
 
-    signatures: dict[str, SignatureInfo]
+    signatures: dict[str, SignatureInfo]  # the ones requests can call
+    signature_defs: dict[str, SignatureInfo]  # every SignatureDef, as TF Serving's metadata lists them
     platform: str
 
     def run(self, signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -136,14 +137,18 @@ class KerasServable(Servable):
         self.concrete = self.function.get_concrete_function()
         self.flat: compat.FlatCall | None = None  # set by warm_up once checked
         outputs = self.concrete.structured_outputs
+        tensors = _keras_export_names(input_names, list(outputs), _dict_output(self.model))
         self.signatures = {
             "serving_default": SignatureInfo(
                 name="serving_default",
                 method="predict",
-                inputs={n: TensorInfo(n, _dtype_name(s.dtype), _shape(s.shape)) for n, s in zip(input_names, specs)},
-                outputs={n: TensorInfo(n, _dtype_name(t.dtype), _shape(t.shape)) for n, t in outputs.items()},
+                inputs={n: TensorInfo(n, _dtype_name(s.dtype), _shape(s.shape), tensors[0][n])
+                        for n, s in zip(input_names, specs)},
+                outputs={n: TensorInfo(n, _dtype_name(t.dtype), _shape(t.shape), tensors[1][n])
+                         for n, t in outputs.items()},
             )
         }
+        self.signature_defs = self.signatures
 
     def _forward(self, *inputs: tf.Tensor) -> dict[str, tf.Tensor]:
         """The traced body: one forward pass in inference mode, outputs keyed by name."""
@@ -188,17 +193,21 @@ class SavedModelServable(Servable):
         # A TF1 graph has no object graph; its signature functions check no shapes (as TF Serving).
         strict = len(meta.object_graph_def.nodes) > 0
         self.functions: dict[str, Callable[..., Any]] = dict(self.loaded.signatures)
-        self.signatures = {}
-        for name, definition in meta.signature_def.items():
-            if name.startswith("__") or name not in self.functions:
-                continue
-            self.signatures[name] = SignatureInfo(
+        # Every SignatureDef, as TF Serving's metadata lists them (__saved_model_init_op too); the callable ones.
+        self.signature_defs = {
+            name: SignatureInfo(
                 name=name,
                 method=_method(definition.method_name),
                 inputs={k: _tensor_info(k, v) for k, v in definition.inputs.items()},
                 outputs={k: _tensor_info(k, v) for k, v in definition.outputs.items()},
                 strict_shapes=strict,
+                method_name=definition.method_name,
+                definition=definition.SerializeToString(deterministic=True),
             )
+            for name, definition in meta.signature_def.items()
+        }
+        self.signatures = {name: signature for name, signature in self.signature_defs.items()
+                           if not name.startswith("__") and name in self.functions}
         if not self.signatures:
             raise ValueError("SavedModel has no serving signatures")
 
@@ -212,6 +221,14 @@ def _keras_input_structure(model: Any) -> Any:
         return model.input  # functional models; a dict-built model must be called with a dict
     except (AttributeError, ValueError):  # Sequential loaded from a Keras 2 file has only .inputs
         return model.inputs[0] if len(model.inputs) == 1 else list(model.inputs)
+
+
+def _dict_output(model: Any) -> bool:
+    """Whether the model gives a dict of outputs (a Sequential loaded from a file has no .output until called)."""
+    try:
+        return isinstance(model.output, dict)
+    except (AttributeError, ValueError):
+        return False
 
 
 def _keras_output_names(model: Any) -> list[str]:
@@ -239,7 +256,15 @@ def _tensor_info(key: str, proto: Any) -> TensorInfo:
     shape = None
     if not proto.tensor_shape.unknown_rank:
         shape = tuple(None if d.size < 0 else int(d.size) for d in proto.tensor_shape.dim)
-    return TensorInfo(key, _dtype_name(proto.dtype), shape)
+    return TensorInfo(key, _dtype_name(proto.dtype) if proto.dtype else "invalid", shape, proto.name)
+
+
+def _keras_export_names(inputs: list[str], outputs: list[str], dict_output: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """Tensor names of Keras 3's model.export(format="tf_saved_model") serving_default: serving_default_<input>:0, StatefulPartitionedCall_1:<flat output index>."""
+    # NOTE: export traces "serve" first (its call is StatefulPartitionedCall) and flattens a dict of outputs by sorted key.
+    order = sorted(outputs) if dict_output else outputs
+    return ({name: f"serving_default_{name}:0" for name in inputs},
+            {name: f"StatefulPartitionedCall_1:{order.index(name)}" for name in outputs})
 
 
 def check_keras_file(path: Path) -> None:

@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 from server.config import ModelConfig
 from server.errors import ApiError, InvalidArgument
 from server.repository import VersionSource
-from server.signature import DEFAULT_SIGNATURE
 
 if TYPE_CHECKING:
     from server.models.registry import ModelVersion
 
 WARMUP_FILE = "assets.extra/tf_serving_warmup_requests"
 MAX_RECORDS = 1000  # TF Serving's WarmupConsts::kMaxNumRecords
-METHODS = {"tensorflow/serving/classify": "classify", "tensorflow/serving/regress": "regress"}
 
 
 class WarmupRecordFailed(Exception):
@@ -94,16 +92,7 @@ def replay_log(entry: Any, kind: str | None, version: ModelVersion) -> None:
         request = getattr(entry, kind).request
         _examples(request.input, request.model_spec.signature_name, kind.removesuffix("_log"), version)
     elif kind == "multi_inference_log":
-        # NOTE: forkserve offers no MultiInference RPC, but TF Serving replays these records: each task
-        # runs as the Classify or Regress call it stands for, on the request's shared input.
-        request = entry.multi_inference_log.request
-        if not request.tasks:
-            raise InvalidArgument("MultiInferenceRequest has no tasks")
-        for task in request.tasks:
-            method = METHODS.get(task.method_name)
-            if method is None:
-                raise InvalidArgument(f"task method_name {task.method_name!r} is not one of {sorted(METHODS)}")
-            _examples(request.input, task.model_spec.signature_name, method, version)
+        _multi_inference(entry.multi_inference_log.request, version)
     else:
         raise InvalidArgument(f"log type {kind or 'unset'!s} cannot be replayed; TensorFlow Serving replays "
                               "predict_log, classify_log, regress_log and multi_inference_log")
@@ -114,7 +103,9 @@ def _predict(request: Any, version: ModelVersion) -> None:
     from server.protocols.tfserving import proto_codec
     from server.tensors.validate import validate_inputs
 
-    signature = version.signature(request.model_spec.signature_name or DEFAULT_SIGNATURE)
+    from server.models.signature_choice import predict_signature
+
+    signature = predict_signature(version, request.model_spec.signature_name)
     proto_codec.output_names(request.output_filter, signature)
     inputs = proto_codec.decode_inputs(request.inputs, signature, version.config)
     fed, _ = validate_inputs(inputs, signature, version.config)
@@ -122,12 +113,31 @@ def _predict(request: Any, version: ModelVersion) -> None:
 
 
 def _examples(given: Any, signature_name: str, method: str, version: ModelVersion) -> None:
-    """A Classify or Regress request's tf.Examples through a signature of that method."""
+    """A Classify or Regress request's tf.Examples through a signature that takes them, its outputs checked."""
+    from server.models.signature_choice import examples_signature
     from server.protocols.tfserving import proto_codec
 
-    signature = version.signature(signature_name or DEFAULT_SIGNATURE)
-    signature.check_takes_examples(method, "call {Method}")
+    signature = examples_signature(version, signature_name, method)
     serialized = proto_codec.serialized_examples(given, version.config.max_request_rows)
-    outputs = version.servable.run(signature.name, {"inputs": serialized})
+    _check_outputs(version.servable.run(signature.name, {"inputs": serialized}), method, len(serialized))
+
+
+def _multi_inference(request: Any, version: ModelVersion) -> None:
+    """A MultiInferenceRequest as the RPC runs it (TF Serving's task checks), each task's signature on the shared input."""
+    from server.models.signature_choice import multi_inference_checked
+    from server.protocols.tfserving import proto_codec
+
+    tasks = multi_inference_checked(version, request.tasks)
+    serialized = proto_codec.serialized_examples(request.input, version.config.max_request_rows)
+    for signature, method in tasks:
+        _check_outputs(version.servable.run(signature.name, {"inputs": serialized}), method, len(serialized))
+
+
+def _check_outputs(outputs: dict[str, Any], method: str, rows: int) -> None:
+    """The outputs as TF Serving's post-processing checks them."""
+    from server.protocols.tfserving import examples
+
     if method == "regress":
-        proto_codec.regression_values(outputs, len(serialized))
+        examples.regressions(outputs, rows)
+    else:
+        examples.classifications(outputs, rows)

@@ -166,17 +166,29 @@ def test_version_label_and_signature_behave_as_rest(served: Server, predictions:
     np.testing.assert_array_equal(y3, rest.json()["predictions"])
     assert other.model_spec.signature_name == "regress_x2_to_y3"
     cases = [
-        (predict_request("mlp", {"features": features}, label="canary"), "/v1/models/mlp/labels/canary:predict", {}),
         (predict_request("half_plus_two", {"x": x}, version=7), "/v1/models/half_plus_two/versions/7:predict", {}),
         (predict_request("nope", {"x": x}), "/v1/models/nope:predict", {}),
-        (predict_request("half_plus_two", {"x": x}, signature="nope"), "/v1/models/half_plus_two:predict",
-         {"signature_name": "nope"}),
     ]
     for request, path, extra in cases:
         error = refused(predictions.Predict, request)
         status, message = rest_error(served, path, {"instances": [[1.0]], **extra})
         assert (error.code(), status) == (grpc.StatusCode.NOT_FOUND, 404), path
         assert error.details() == message
+    error = refused(predictions.Predict, predict_request("mlp", {"features": features}, label="canary"))
+    assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "Unrecognized servable version label: canary")
+    assert rest_error(served, "/v1/models/mlp/labels/canary:predict", {"instances": [[1.0]]}) == (400, error.details())
+    # TF Serving's own words, which differ between its gRPC (predict_util.cc) and REST (http_rest_api_handler.cc) paths
+    error = refused(predictions.Predict, predict_request("half_plus_two", {"x": x}, signature="nope"))
+    assert (error.code(), error.details()) == (grpc.StatusCode.FAILED_PRECONDITION, 'Serving signature key "nope" not found.')
+    assert rest_error(served, "/v1/models/half_plus_two:predict", {"instances": [[1.0]], "signature_name": "nope"}) == (
+        400, 'Serving signature name: "nope" not found in signature def')
+    for call, message in ((predictions.Predict, predict_pb2.PredictRequest), (predictions.Regress, regression_pb2.RegressionRequest),
+                          (predictions.Classify, classification_pb2.ClassificationRequest),
+                          (predictions.GetModelMetadata, get_model_metadata_pb2.GetModelMetadataRequest)):
+        error = refused(call, message())  # no model_spec at all
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
+    error = refused(predictions.Predict, predict_pb2.PredictRequest(model_spec={"signature_name": "serving_default"}))
+    assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "ModelSpec has no name specified.")
 
 
 def test_output_filter_picks_outputs(predictions: Any) -> None:
@@ -233,13 +245,109 @@ def test_classify_and_regress_give_rest_answers(served: Server, predictions: Any
     assert [r.value for r in predictions.Regress(request).result.regressions] == rest["results"] == [4.5, 2.5]
 
 
-def test_classify_on_a_predict_signature_and_without_examples_is_invalid(predictions: Any) -> None:
-    request = spec(classification_pb2.ClassificationRequest(), "half_plus_two")
-    request.input.example_list.examples.append(tf_example(x=1.0))
-    error = refused(predictions.Classify, request)
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "is a predict signature, not classify" in error.details()
-    error = refused(predictions.Regress, spec(regression_pb2.RegressionRequest(), "half_plus_two", signature="regress_x_to_y"))
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "no examples" in error.details()
+def test_classify_and_regress_refuse_as_tf_serving_with_rest_s_words(served: Server, predictions: Any) -> None:
+    cases = [  # (model, method, signature, examples, message TF Serving gives)
+        ("half_plus_two", "Classify", "", [1.0], 'No classification inputs found in SignatureDef: inputs {\n  key: "x"\n'),
+        ("half_plus_two", "Regress", "nope", [1.0], "No signature was found with the name: nope"),
+        ("half_plus_two_tf2", "Classify", "regress_x_to_y", [1.0], "Expected classification signature outputs to contain"),
+        ("half_plus_two_tf2", "Classify", "classify_x2_to_y3", [1.0], "signature 'classify_x2_to_y3' takes DT_FLOAT"),
+        ("half_plus_two", "Regress", "regress_x_to_y", [], "Input is empty."),
+    ]
+    for model, method, signature, xs, message in cases:
+        message_class = classification_pb2.ClassificationRequest if method == "Classify" else regression_pb2.RegressionRequest
+        request = spec(message_class(), model, signature=signature)
+        request.input.example_list.examples.extend([tf_example(x=x) for x in xs])
+        error = refused(getattr(predictions, method), request)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details().startswith(message), error.details()
+        if xs:
+            body = {"examples": [{"x": x} for x in xs], **({"signature_name": signature} if signature else {})}
+            assert rest_error(served, f"/v1/models/{model}:{method.lower()}", body) == (400, error.details())
+
+
+def test_tf2_classify_and_regress_signatures_answer_as_rest(served: Server, predictions: Any) -> None:
+    request = spec(classification_pb2.ClassificationRequest(), "half_plus_two_tf2", signature="classify_x_to_y")
+    request.input.example_list.examples.extend([tf_example(x=1.0), tf_example(x=2.0)])
+    response = predictions.Classify(request)
+    assert [[(c.label, c.score) for c in r.classes] for r in response.result.classifications] == [[("", 2.5)], [("", 3.0)]]
+    assert (response.model_spec.name, response.model_spec.version.value, response.model_spec.signature_name) == (
+        "half_plus_two_tf2", 123, "classify_x_to_y")
+    request = spec(regression_pb2.RegressionRequest(), "half_plus_two_tf2", signature="regress_x_to_y")
+    request.input.example_list_with_context.context.CopyFrom(tf_example(x=5.0))
+    request.input.example_list_with_context.examples.extend([tf.train.Example(), tf_example(x=1.0)])
+    rest = served.post("/v1/models/half_plus_two_tf2:regress", json={
+        "signature_name": "regress_x_to_y", "context": {"x": 5.0}, "examples": [{}, {"x": 1.0}]}).json()
+    assert [r.value for r in predictions.Regress(request).result.regressions] == rest["results"] == [4.5, 2.5]
+
+
+def requests_counted(scrape: dict, **labels: str) -> float:
+    """forkserve_requests_total summed over the series that carry these labels."""
+    return sum(count for (name, series), count in scrape.items()
+               if name == "forkserve_requests_total" and set(labels.items()) <= series)
+
+
+def multi_inference_request(model: str, tasks: list[tuple[str, str]], xs: list[float]) -> inference_pb2.MultiInferenceRequest:
+    """A MultiInferenceRequest of (signature, method) tasks of one model on examples of feature x."""
+    request = inference_pb2.MultiInferenceRequest()
+    for signature, method in tasks:
+        task = request.tasks.add()
+        task.model_spec.name = model
+        task.model_spec.signature_name = signature
+        task.method_name = f"tensorflow/serving/{method}"
+    request.input.example_list.examples.extend([tf_example(x=x) for x in xs])
+    return request
+
+
+@pytest.mark.parametrize("model", ["half_plus_two", "half_plus_two_tf2"])
+def test_multi_inference_answers_each_task_as_its_own_call(served: Server, predictions: Any, model: str) -> None:
+    before = requests_counted(samples(served), model=model, api="tfserving_multi_inference", protocol="grpc", code="200")
+    request = multi_inference_request(model, [("classify_x_to_y", "classify"), ("regress_x_to_y2", "regress"),
+                                              ("", "regress") if model == "half_plus_two" else ("regress_x_to_y", "regress")],
+                                      [1.0, 2.0])
+    if model == "half_plus_two":  # serving_default has no regression tensors: TF Serving refuses the whole request
+        error = refused(predictions.MultiInference, request)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith("No regression inputs found in SignatureDef: "), error.details()
+        del request.tasks[2]
+    response = predictions.MultiInference(request)
+    single = spec(classification_pb2.ClassificationRequest(), model, signature="classify_x_to_y")
+    single.input.CopyFrom(request.input)
+    assert response.results[0].classification_result == predictions.Classify(single).result
+    single = spec(regression_pb2.RegressionRequest(), model, signature="regress_x_to_y2")
+    single.input.CopyFrom(request.input)
+    assert response.results[1].regression_result == predictions.Regress(single).result
+    assert [r.value for r in response.results[1].regression_result.regressions] == [3.5, 4.0]  # y2 = 0.5 x + 3
+    assert [(r.model_spec.name, r.model_spec.version.value, r.model_spec.signature_name) for r in response.results][:2] == [
+        (model, 123, "classify_x_to_y"), (model, 123, "regress_x_to_y2")]
+    if model == "half_plus_two_tf2":
+        assert [r.value for r in response.results[2].regression_result.regressions] == [2.5, 3.0]
+    settled_samples(served, lambda scrape: requests_counted(scrape, model=model, api="tfserving_multi_inference",
+                                                            protocol="grpc", code="200") > before,
+                    "MultiInference counted under its own api label")
+
+
+def test_multi_inference_refuses_as_tf_serving(predictions: Any) -> None:
+    good = [("classify_x_to_y", "classify")]
+    other_model = multi_inference_request("half_plus_two", good + [("regress_x_to_y", "regress")], [1.0])
+    other_model.tasks[1].model_spec.name = "half_plus_two_tf2"
+    unnamed = multi_inference_request("half_plus_two", good + [("regress_x_to_y", "regress")], [1.0])
+    unnamed.tasks[1].model_spec.name = ""
+    cases = [
+        (inference_pb2.MultiInferenceRequest(), grpc.StatusCode.INVALID_ARGUMENT, "ModelSpec has no name specified."),
+        (multi_inference_request("nope", good, [1.0]), grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(nope)"),
+        (other_model, grpc.StatusCode.INVALID_ARGUMENT,
+         "All ModelSpecs in a MultiInferenceRequest must access the same model name."),
+        (unnamed, grpc.StatusCode.INVALID_ARGUMENT, "Found ModelSpec with an empty model name."),
+        (multi_inference_request("half_plus_two", good * 2, [1.0]), grpc.StatusCode.INVALID_ARGUMENT,
+         "Duplicate evaluation of signature: classify_x_to_y"),
+        (multi_inference_request("half_plus_two", [("nope", "classify")], [1.0]), grpc.StatusCode.INVALID_ARGUMENT,
+         "Requested signature not found in model graph: nope"),
+        (multi_inference_request("half_plus_two", [("classify_x_to_y", "predict")], [1.0]), grpc.StatusCode.UNIMPLEMENTED,
+         "Unsupported signature method_name: tensorflow/serving/predict"),
+        (multi_inference_request("half_plus_two", good, []), grpc.StatusCode.INVALID_ARGUMENT, "Input is empty."),
+    ]
+    for request, code, details in cases:
+        error = refused(predictions.MultiInference, request)
+        assert (error.code(), error.details()) == (code, details)
 
 
 @pytest.mark.parametrize("name", ["half_plus_two", "mlp", "k3cnn", "cnn_h5"])
@@ -266,11 +374,27 @@ def test_metadata_matches_rest(served: Server, predictions: Any, name: str) -> N
                 assert mine["tensorShape"].get("unknownRank", False) == info["tensor_shape"]["unknown_rank"]
 
 
+@pytest.mark.parametrize("name", ["half_plus_two", "half_plus_two_tf2"])
+def test_metadata_sends_the_savedmodels_signature_defs(predictions: Any, model_repo: Any, name: str) -> None:
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    request = spec(get_model_metadata_pb2.GetModelMetadataRequest(), name)
+    request.metadata_field.append("signature_def")
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    assert predictions.GetModelMetadata(request).metadata["signature_def"].Unpack(signature_map)
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((model_repo / name / "00000123" / "saved_model.pb").read_bytes())
+    (meta,) = saved.meta_graphs
+    assert dict(signature_map.signature_def) == dict(meta.signature_def)  # as TF Serving copies them
+
+
 def test_metadata_fields_other_than_signature_def_are_invalid(predictions: Any) -> None:
-    for fields in ([], ["signature_def", "nope"]):
+    for fields, details in (([], "GetModelMetadataRequest must specify at least one metadata_field"),
+                            (["signature_def", "nope"], "Metadata field nope is not supported")):
         request = spec(get_model_metadata_pb2.GetModelMetadataRequest(), "half_plus_two")
         request.metadata_field.extend(fields)
-        assert refused(predictions.GetModelMetadata, request).code() == grpc.StatusCode.INVALID_ARGUMENT
+        error = refused(predictions.GetModelMetadata, request)
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, details)
 
 
 @pytest.mark.parametrize(("name", "version", "label"), [
@@ -298,9 +422,7 @@ def test_model_status_errors_match_rest(served: Server, models: Any) -> None:
         assert (error.code(), status, error.details()) == (grpc.StatusCode.NOT_FOUND, 404, message)
 
 
-def test_multi_inference_and_reload_config_are_unimplemented(predictions: Any, models: Any) -> None:
-    error = refused(predictions.MultiInference, inference_pb2.MultiInferenceRequest())
-    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+def test_reload_config_is_unimplemented_on_a_server_of_its_own_repository(models: Any) -> None:
     error = refused(models.HandleReloadConfigRequest, model_management_pb2.ReloadConfigRequest())
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED and "publish" in error.details()
 

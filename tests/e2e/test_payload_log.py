@@ -239,6 +239,30 @@ def test_grpc_classify_and_regress_are_logged_with_their_examples_and_outputs(fi
         assert np.ravel(values).tolist() == [2.5]  # half_plus_two of 1.0
 
 
+def test_grpc_multi_inference_is_logged_with_each_tasks_outputs(file_server: Server, payload_dir: Path) -> None:
+    grpc = pytest.importorskip("grpc")
+    from tensorflow.core.example import example_pb2, feature_pb2
+    from tensorflow_serving.apis import inference_pb2, prediction_service_pb2_grpc
+
+    example = example_pb2.Example(features=feature_pb2.Features(
+        feature={"x": feature_pb2.Feature(float_list=feature_pb2.FloatList(value=[1.0]))}))
+    request = inference_pb2.MultiInferenceRequest()
+    for signature, method in (("classify_x_to_y", "classify"), ("regress_x_to_y2", "regress")):
+        task = request.tasks.add()
+        task.model_spec.name, task.model_spec.signature_name = "half_plus_two", signature
+        task.method_name = f"tensorflow/serving/{method}"
+    request.input.example_list.examples.append(example)
+    with grpc.insecure_channel(file_server.grpc_target) as channel:
+        prediction_service_pb2_grpc.PredictionServiceStub(channel).MultiInference(
+            request, timeout=10, metadata=[("x-request-id", "grpc-MultiInference")])
+    [record] = logged(payload_dir, "grpc-MultiInference")
+    assert (record["api"], record["protocol"], record["status"], record["error"]) == (
+        "tfserving_multi_inference", "grpc", 200, None)
+    assert record["inputs"]["inputs"] == {"inputs": [{"b64": base64.b64encode(example.SerializeToString()).decode()}]}
+    assert {key: np.ravel(values).tolist() for key, values in record["outputs"]["outputs"].items()} == {
+        "classify_x_to_y/scores": [2.5], "regress_x_to_y2/outputs": [3.5]}  # 0.5 x + 2, 0.5 x + 3
+
+
 def test_requests_that_bypass_a_redacting_handler_are_logged_without_inputs(file_server: Server, payload_dir: Path) -> None:
     ids = bypassing_requests(file_server, "redacted", "bypass", SECRET_ROW)
     regress = file_server.post("/v1/models/regressed:regress", headers={"X-Request-Id": "bypass-regress"},

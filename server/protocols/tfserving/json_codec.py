@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from server.config import ModelConfig
 from server.errors import InvalidArgument
+from server.protocols.tfserving import examples as example_rules
 from server.signature import DEFAULT_SIGNATURE, SignatureInfo
 from server.tensors.arrays import to_array, utf8
 from server.tensors.b64 import decode_b64, encode_b64, is_b64_value
@@ -127,76 +129,95 @@ def encode_predict(outputs: dict[str, np.ndarray], row_format: bool) -> dict[str
     return {"outputs": {n: _output_value(n, a) for n, a in outputs.items()}}
 
 
-def _feature(value: Any, feature_pb2: Any) -> Any:
-    """One JSON feature value (scalar or list) to a tf.train.Feature."""
-    values = value if isinstance(value, list) else [value]
-    feature = feature_pb2.Feature()
-    if all(isinstance(v, bool) for v in values) or not values:
-        if values:
-            raise InvalidArgument("tf.Example features cannot be booleans")
-        return feature
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        try:
-            feature.int64_list.value.extend(values)
-        except ValueError as exc:
-            raise InvalidArgument(f"int64 feature out of range: {exc}") from None
-    elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        feature.float_list.value.extend(float(v) for v in values)
-    elif all(isinstance(v, str) or is_b64_value(v) for v in values):
-        feature.bytes_list.value.extend(
-            decode_b64(v["b64"]) if is_b64_value(v) else utf8(v, "feature") for v in values
-        )
+FEATURE_KINDS = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64"}
+INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+DEBUG_STRING_BYTES = 256  # TF Serving's kMaxJsonDebugStringBytes
+
+
+def _json_type(value: Any) -> str:
+    """A JSON value's type as TF Serving's JsonTypeString names it."""
+    if value is None or isinstance(value, bool):
+        return str(value).replace("None", "Null")
+    return {dict: "Object", list: "Array", str: "String"}.get(type(value), "Number")
+
+
+def _debug_string(value: Any) -> str:
+    """A JSON value compact and cut near 256 bytes, as TF Serving's JsonValueToDebugString quotes a request."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text[:DEBUG_STRING_BYTES]
+
+
+def _add_value(value: Any, name: str, feature: Any) -> None:
+    """One JSON value onto a tf.train.Feature, its kind set by the first value (TF Serving's AddValueToFeature)."""
+    if isinstance(value, bool):
+        kind, item = "int64_list", int(value)
+    elif isinstance(value, str):
+        kind, item = "bytes_list", utf8(value, name)
+    elif is_b64_value(value):
+        kind, item = "bytes_list", decode_b64(value["b64"])
+    elif isinstance(value, float) or (isinstance(value, int) and not INT64_MIN <= value <= UINT64_MAX):
+        kind, item = "float_list", float(value)  # NOTE: rapidjson reads an integer past uint64 as a double
+    elif isinstance(value, int):
+        if value > INT64_MAX:
+            raise InvalidArgument(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
+        kind, item = "int64_list", value
     else:
-        raise InvalidArgument(f"feature values must be all numbers or all strings, got {values[:4]!r}")
-    return feature
+        raise InvalidArgument(f"Feature: {name} has element with unexpected JSON type: {_json_type(value)}")
+    current = feature.WhichOneof("kind")
+    if current not in (None, kind):
+        raise InvalidArgument(f"Unexpected element type in feature: {name} expecting type: {FEATURE_KINDS[current]}")
+    getattr(feature, kind).value.append(item)
+
+
+def _example(value: Any, example_pb2: Any) -> Any:
+    """A JSON object of features (a value or a list of values each) as a tf.Example (TF Serving's MakeExampleFromJsonObject)."""
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"Example must be JSON object but got JSON {_json_type(value)}")
+    example = example_pb2.Example()
+    for name, content in value.items():
+        feature = example.features.feature[name]
+        for item in content if isinstance(content, list) else [content]:
+            _add_value(item, name, feature)
+    return example
 
 
 def decode_examples(body: Any, max_rows: int) -> tuple[str, np.ndarray]:
-    """classify/regress body (`examples` + optional `context`) to serialized tf.Examples, at most `max_rows` of them."""
+    """classify/regress body to serialized tf.Examples, at most `max_rows`: TF Serving's FillClassifyRegressRequestFromJson.
+
+    The context's bytes go before each example's, as TF Serving feeds example_list_with_context.
+    """
     # NOTE: runs in a worker, where TensorFlow is already loaded; the protobuf class is all we use.
-    from tensorflow.core.example import example_pb2, feature_pb2
+    from tensorflow.core.example import example_pb2
 
     body = request_object(body)
     unknown = sorted(set(body) - {"examples", "context", "signature_name"})
     if unknown:
         raise InvalidArgument(f"unknown field(s) in request: {unknown}")
-    examples = body.get("examples")
-    if not isinstance(examples, list) or not examples:
-        raise InvalidArgument("'examples' must be a non-empty list of objects")
+    name = body.get("signature_name", "")
+    if not isinstance(name, str):
+        raise InvalidArgument(f"JSON Value: {_debug_string(body)} not formatted correctly. "
+                              "'signature_name' key must be a string value.")
+    context = _example(body["context"], example_pb2).SerializeToString() if "context" in body else b""
+    if "examples" not in body:  # NOTE: TF Serving's words, "classify" for :regress too
+        raise InvalidArgument(f"JSON Value: {_debug_string(body)} When method is classify, key 'examples' is expected "
+                              "and was not found")
+    examples = body["examples"]
+    if not isinstance(examples, list):
+        raise InvalidArgument(f"JSON Value: {_debug_string(body)} Expecting 'examples' value to be an list/array")
+    if not examples:
+        raise InvalidArgument(f"JSON Value: {_debug_string(body)} 'examples' value is an empty array")
     check_rows(len(examples), max_rows)
-    context = body.get("context", {})
-    if not isinstance(context, dict):
-        raise InvalidArgument("'context' must be an object")
-    serialized = []
-    for example in examples:
-        if not isinstance(example, dict):
-            raise InvalidArgument("each example must be an object of feature name to value")
-        message = example_pb2.Example()
-        for key, value in {**context, **example}.items():
-            message.features.feature[key].CopyFrom(_feature(value, feature_pb2))
-        serialized.append(message.SerializeToString())
-    return signature_name(body), np.array(serialized, dtype=object)
+    serialized = np.empty(len(examples), dtype=object)
+    serialized[:] = [context + _example(example, example_pb2).SerializeToString() for example in examples]
+    return name or DEFAULT_SIGNATURE, serialized
 
 
 def encode_classify(outputs: dict[str, np.ndarray], batch: int) -> dict[str, Any]:
-    """`results`: per example a list of [label, score] pairs, as TF Serving writes them."""
-    scores = outputs.get("scores")
-    classes = outputs.get("classes")
-    results = []
-    for i in range(batch):
-        row_scores = [] if scores is None else np.asarray(scores[i]).reshape(-1).tolist()
-        row_classes = [] if classes is None else np.asarray(classes[i]).reshape(-1).tolist()
-        count = max(len(row_scores), len(row_classes))
-        labels = [c.decode("utf-8", "replace") if isinstance(c, bytes) else str(c) for c in row_classes]
-        labels += [""] * (count - len(labels))
-        row_scores += [0.0] * (count - len(row_scores))
-        results.append([[label, score] for label, score in zip(labels, row_scores)])
-    return {"results": results}
+    """`results`: per example a list of [label, score] pairs, as TF Serving writes them ("" and 0 for what is missing)."""
+    return {"results": [[["" if label is None else label, 0.0 if score is None else score] for label, score in pairs]
+                        for pairs in example_rules.classifications(outputs, batch)]}
 
 
 def encode_regress(outputs: dict[str, np.ndarray], batch: int) -> dict[str, Any]:
     """`results`: one value per example."""
-    values = outputs.get("outputs")
-    if values is None or np.asarray(values).size != batch:
-        raise InvalidArgument("regression signature must give one 'outputs' value per example")
-    return {"results": np.asarray(values).reshape(batch).tolist()}
+    return {"results": example_rules.regressions(outputs, batch)}

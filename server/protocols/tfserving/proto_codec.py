@@ -8,8 +8,8 @@ import numpy as np
 
 from server.config import ModelConfig
 from server.errors import InvalidArgument
-from server.protocols.tfserving import tensor_proto
-from server.signature import METHOD_NAMES, SignatureInfo, TensorInfo
+from server.protocols.tfserving import examples, tensor_proto
+from server.signature import SignatureInfo, TensorInfo
 from server.tensors.declared import check_rows, check_shape
 from server.tensors.images import decode_image
 from server.tensors.validate import check_names
@@ -81,19 +81,28 @@ def fill_spec(spec: Any, name: str, version: int, signature_name: str) -> None:
     spec.signature_name = signature_name
 
 
+def signature_def_map(signatures: dict[str, SignatureInfo], proto: Any) -> None:
+    """Fill a tensorflow.serving.SignatureDefMap: every SignatureDef, as TF Serving's GetModelMetadata copies them."""
+    for name, signature in sorted(signatures.items()):
+        signature_def(signature, proto.signature_def[name])
+
+
 def signature_def(signature: SignatureInfo, proto: Any) -> None:
-    """Fill a tensorflow.SignatureDef with a signature's tensors (names as TF Serving's REST metadata gives them)."""
+    """Fill a tensorflow.SignatureDef: the SavedModel's own when known, else built from the signature's tensors."""
+    if signature.definition is not None:
+        proto.MergeFromString(signature.definition)
+        return
     for kind, tensors in (("inputs", signature.inputs), ("outputs", signature.outputs)):
         for key, info in tensors.items():
             entry = getattr(proto, kind)[key]
-            entry.name = info.name
-            entry.dtype = tensor_proto.ENUMS.get(info.dtype, 0)
+            entry.name = info.tensor_name
+            entry.dtype = entry.DESCRIPTOR.fields_by_name["dtype"].enum_type.values_by_name[info.tf_dtype].number
             if info.shape is None:
                 entry.tensor_shape.unknown_rank = True
             else:
                 for size in info.shape:
                     entry.tensor_shape.dim.add().size = -1 if size is None else size
-    proto.method_name = METHOD_NAMES[signature.method]
+    proto.method_name = signature.tfserving_method_name
 
 
 def serialized_examples(given: Any, max_rows: int) -> np.ndarray:
@@ -104,48 +113,36 @@ def serialized_examples(given: Any, max_rows: int) -> np.ndarray:
     kind = given.WhichOneof("kind")
     if kind == "example_list":
         check_rows(len(given.example_list.examples), max_rows)
-        examples = [e.SerializeToString() for e in given.example_list.examples]
+        serialized_list = [e.SerializeToString() for e in given.example_list.examples]
     elif kind == "example_list_with_context":
         # NOTE: TF Serving's own merge: the context's bytes, then the example's; protobuf parses the
         # concatenation as one message, in which an example's feature replaces the context's.
         with_context = given.example_list_with_context
         check_rows(len(with_context.examples), max_rows)
         context_bytes = with_context.context.SerializeToString()
-        examples = [context_bytes + e.SerializeToString() for e in with_context.examples]
+        serialized_list = [context_bytes + e.SerializeToString() for e in with_context.examples]
     else:
-        raise InvalidArgument("input has no examples: set example_list or example_list_with_context")
-    if not examples:
-        raise InvalidArgument("input holds no examples")
-    serialized = np.empty(len(examples), dtype=object)
-    serialized[:] = examples
+        raise InvalidArgument("Input is empty.")  # TF Serving's InputToSerializedExampleTensor (util.cc)
+    if not serialized_list:
+        raise InvalidArgument("Input is empty.")
+    serialized = np.empty(len(serialized_list), dtype=object)
+    serialized[:] = serialized_list
     return serialized
 
 
-def regression_values(outputs: dict[str, np.ndarray], rows: int) -> list[float]:
-    """A regress signature's one value per example, or InvalidArgument."""
-    values = outputs.get("outputs")
-    if values is None or np.asarray(values).size != rows:
-        raise InvalidArgument("regression signature must give one 'outputs' value per example")
-    return np.asarray(values).reshape(rows).tolist()
-
-
 def fill_classifications(result: Any, outputs: dict[str, np.ndarray], rows: int) -> None:
-    """A ClassificationResult: per example, its classes' labels and scores (either may be missing, as in TF Serving)."""
-    scores, classes = outputs.get("scores"), outputs.get("classes")
-    for i in range(rows):
-        row_scores = [] if scores is None else np.asarray(scores[i]).reshape(-1).tolist()
-        row_classes = [] if classes is None else np.asarray(classes[i]).reshape(-1).tolist()
+    """A ClassificationResult: per example its classes' labels and scores, checked as TF Serving checks them."""
+    for pairs in examples.classifications(outputs, rows):
         classification = result.classifications.add()
-        for j in range(max(len(row_scores), len(row_classes))):
+        for label, score in pairs:
             entry = classification.classes.add()
-            if j < len(row_classes):
-                label = row_classes[j]
-                entry.label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
-            if j < len(row_scores):
-                entry.score = row_scores[j]
+            if label is not None:
+                entry.label = label
+            if score is not None:
+                entry.score = score
 
 
 def fill_regressions(result: Any, outputs: dict[str, np.ndarray], rows: int) -> None:
-    """A RegressionResult: one value per example, or InvalidArgument."""
-    for value in regression_values(outputs, rows):
+    """A RegressionResult: one value per example, checked as TF Serving checks it."""
+    for value in examples.regressions(outputs, rows):
         result.regressions.add().value = value

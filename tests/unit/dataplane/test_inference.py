@@ -17,8 +17,8 @@ from server.signature import SignatureInfo, TensorInfo
 EXAMPLES = {"inputs": TensorInfo("inputs", "string", (None,))}
 SIGNATURES = {
     "classify_x": SignatureInfo("classify_x", "classify", EXAMPLES, {"scores": TensorInfo("scores", "float32", (None, 1))}),
-    "serving_default": SignatureInfo("serving_default", "predict", EXAMPLES, {"y": TensorInfo("y", "float32", (None, 1))}),
-    "floats": SignatureInfo("floats", "classify", {"x": TensorInfo("x", "float32", (None, 1))}, {}),
+    "serving_default": SignatureInfo("serving_default", "predict", EXAMPLES, {"scores": TensorInfo("y", "float32", (None, 1))}),
+    "floats": SignatureInfo("floats", "classify", {"x": TensorInfo("x", "float32", (None, 1))}, {"scores": TensorInfo("y", "float32", (None, 1))}),
 }
 
 
@@ -58,17 +58,20 @@ def test_a_job_the_transport_abandons_while_its_request_waits_ends_the_request_c
         jobs[0].future.result(timeout=0)
 
 
-def test_examples_run_on_a_signature_of_their_method_and_are_refused_elsewhere_in_the_callers_words() -> None:
+def test_examples_run_on_a_signature_that_takes_them_and_are_refused_elsewhere_in_tf_servings_words() -> None:
     executor = ModelExecutor("m/1", lambda signature, inputs: {"scores": np.ones((len(inputs["inputs"]), 1), np.float32)},
                              8, 0.0, 100)
     executor.start()
-    version = SimpleNamespace(executor=executor, config=ModelConfig(), name="m", version=1, signature=SIGNATURES.__getitem__)
+    version = SimpleNamespace(executor=executor, config=ModelConfig(), name="m", version=1, signature=SIGNATURES.__getitem__,
+                              servable=SimpleNamespace(signature_defs=SIGNATURES))
     serialized = np.array([b"example-1", b"example-2"], dtype=object)
-    signature, outputs = examples(version, "classify_x", serialized, "classify", "use :{method}", 0.0, timeout=10)
+    signature, outputs = examples(version, "classify_x", serialized, "classify", 0.0, timeout=10)
     assert signature.name == "classify_x" and outputs["scores"].shape == (2, 1)
-    with pytest.raises(InvalidArgument, match="'serving_default' is a predict signature, not classify; use :predict or"):
-        examples(version, "", serialized, "classify", "use :{method}", 0.0, timeout=10)  # "": the default signature
-    with pytest.raises(InvalidArgument, match="not regress; call Classify or pick another"):
-        examples(version, "classify_x", serialized, "regress", "call {Method}", 0.0, timeout=10)
-    with pytest.raises(InvalidArgument, match="'floats' does not take serialized tf.Examples"):
-        examples(version, "floats", serialized, "classify", "call {Method}", 0.0, timeout=10)
+    # a predict-method signature of the right tensors is classified, as TF Serving does (TF2's classify_x_to_y)
+    assert examples(version, "", serialized, "classify", 0.0, timeout=10)[0].name == "serving_default"
+    with pytest.raises(InvalidArgument, match="^No regression outputs found in SignatureDef: "):
+        examples(version, "classify_x", serialized, "regress", 0.0, timeout=10)
+    with pytest.raises(InvalidArgument, match="^No classification inputs found in SignatureDef: "):
+        examples(version, "floats", serialized, "classify", 0.0, timeout=10)
+    with pytest.raises(InvalidArgument, match="^No signature was found with the name: nope$"):
+        examples(version, "nope", serialized, "classify", 0.0, timeout=10)

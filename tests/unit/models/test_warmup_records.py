@@ -118,10 +118,11 @@ def regress(signature: str, xs: list[float], context: float | None = None) -> An
     return prediction_log_pb2.PredictionLog(regress_log=prediction_log_pb2.RegressLog(request=request))
 
 
-def multi_inference(tasks: list[tuple[str, str]], xs: list[float]) -> Any:
+def multi_inference(tasks: list[tuple[str, str]], xs: list[float], model: str = "half_plus_two") -> Any:
     request = inference_pb2.MultiInferenceRequest()
     for signature, method in tasks:
         task = request.tasks.add()
+        task.model_spec.name = model  # TF Serving refuses a task without one, in warm-up too
         task.model_spec.signature_name = signature
         task.method_name = method
     examples(request.input, xs)
@@ -146,6 +147,19 @@ def test_every_kind_of_record_tf_serving_replays_is_replayed(half_plus_two: Vers
     assert half_plus_two.replay() == 8
 
 
+def test_tf2_classify_and_regress_signatures_of_the_predict_method_are_replayed(tmp_path: Path) -> None:
+    """TF2's half_plus_two labels classify_x_to_y and regress_x_to_y predict; TF Serving serves them by their keys."""
+    version = Version(shutil.copytree(DATA / "tfserving" / "saved_model_half_plus_two_tf2_cpu" / "00000123", tmp_path / "1"),
+                      "half_plus_two_tf2")
+    version.write([classify("classify_x_to_y", [1.0, 2.0]), regress("regress_x_to_y", [1.0]),
+                   multi_inference([("classify_x_to_y", "tensorflow/serving/classify"),
+                                    ("regress_x_to_y2", "tensorflow/serving/regress")], [1.0, 3.0])])
+    assert version.replay() == 3
+    version.write([classify("classify_x2_to_y3", [1.0])])  # its one input `inputs` is DT_FLOAT, not tf.Examples
+    with pytest.raises(WarmupRecordFailed, match="takes DT_FLOAT in 'inputs', not serialized tf.Examples"):
+        version.replay()
+
+
 def test_a_version_without_the_file_or_not_a_saved_model_replays_nothing(tmp_path: Path, half_plus_two: Version) -> None:
     assert replay(VersionSource("m", 1, tmp_path, "savedmodel"), ModelConfig(), half_plus_two.servable) is None
     (tmp_path / "assets.extra").mkdir()
@@ -159,14 +173,18 @@ def test_a_version_without_the_file_or_not_a_saved_model_replays_nothing(tmp_pat
     (predict({"z": X}), "missing input(s) ['x']; signature 'serving_default' takes ['x']"),
     (predict({"x": X, "z": X}), "unknown input(s) ['z']; signature 'serving_default' takes ['x']"),
     (predict({"x": (np.array([[1], [2]], dtype=np.int32), tf.int32)}), "input 'x' is DT_INT32; signature 'serving_default' takes DT_FLOAT"),
-    (predict({"x": X}, signature="nope"), "signature 'nope' not found in model half_plus_two version 1"),
+    (predict({"x": X}, signature="nope"), 'Serving signature key "nope" not found.'),
     (predict({"x": X}, output_filter=("z",)), "output_filter names 'z'; signature 'serving_default' gives ['y']"),
     (predict({"x": (np.array([[np.nan]], dtype=np.float32), tf.float32)}), "input 'x' holds NaN or Infinity"),
-    (classify("regress_x_to_y", [1.0]), "signature 'regress_x_to_y' is a regress signature, not classify"),
-    (regress("serving_default", [1.0]), "signature 'serving_default' is a predict signature, not regress"),
-    (regress("regress_x_to_y", []), "input has no examples: set example_list or example_list_with_context"),
+    (classify("regress_x_to_y", [1.0]), 'Expected classification signature outputs to contain at least one of "classes"'),
+    (regress("serving_default", [1.0]), 'No regression inputs found in SignatureDef: inputs {\n  key: "x"'),
+    (regress("regress_x_to_y", []), "Input is empty."),
     (multi_inference([("classify_x_to_y", "tensorflow/serving/predict")], [1.0]),
-     "task method_name 'tensorflow/serving/predict' is not one of"),
+     "Unsupported signature method_name: tensorflow/serving/predict"),
+    (multi_inference([("classify_x_to_y", "tensorflow/serving/classify")], [1.0], model=""),
+     "Found ModelSpec with an empty model name."),
+    (multi_inference([("regress_x_to_y", "tensorflow/serving/regress")] * 2, [1.0]),
+     "Duplicate evaluation of signature: regress_x_to_y"),
     (prediction_log_pb2.PredictionLog(), "log type unset cannot be replayed"),
 ])
 def test_a_record_the_model_refuses_fails_with_its_number_and_the_client_s_error(

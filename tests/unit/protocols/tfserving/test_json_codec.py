@@ -296,9 +296,9 @@ def test_encode_classify_with_classes_only_gives_zero_scores() -> None:
     assert body == {"results": [[["a", 0.0], ["b", 0.0]]]}
 
 
-def test_encode_classify_with_numeric_classes_writes_them_as_text() -> None:
-    body = encode_classify({"classes": np.array([[3, 7]], np.int64), "scores": np.array([[0.5, 0.25]], np.float32)}, batch=1)
-    assert body == {"results": [[["3", 0.5], ["7", 0.25]]]}
+def test_encode_classify_refuses_numeric_classes_as_tf_serving_does() -> None:
+    with pytest.raises(InvalidArgument, match="^Expected classes Tensor of DT_STRING. Got: DT_INT64$"):
+        encode_classify({"classes": np.array([[3, 7]], np.int64), "scores": np.array([[0.5, 0.25]], np.float32)}, batch=1)
 
 
 def test_encode_regress_gives_one_value_per_example() -> None:
@@ -308,12 +308,14 @@ def test_encode_regress_gives_one_value_per_example() -> None:
 
 
 @pytest.mark.parametrize(
-    "outputs",
-    [{}, {"outputs": np.zeros((2, 2), np.float32)}, {"scores": np.zeros(2, np.float32)}],
+    ("outputs", "message"),
+    [({}, "Could not find output tensor 'outputs'"),
+     ({"outputs": np.zeros((2, 2), np.float32)}, r"\[batch_size, 1\] but got \[2,2\]"),
+     ({"scores": np.zeros(2, np.float32)}, "Could not find output tensor 'outputs'")],
     ids=["no-outputs", "two-values-each", "wrong-name"],
 )
-def test_encode_regress_refuses_other_output_shapes(outputs: dict[str, np.ndarray]) -> None:
-    with pytest.raises(InvalidArgument, match="one 'outputs' value per example"):
+def test_encode_regress_refuses_other_output_shapes(outputs: dict[str, np.ndarray], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
         encode_regress(outputs, batch=2)
 
 
@@ -329,8 +331,46 @@ def test_rows_over_the_limit_are_refused_before_a_row_is_decoded() -> None:
 
 def test_examples_over_the_row_limit_are_refused_before_one_is_built() -> None:
     with pytest.raises(InvalidArgument, match=r"request has 5 rows; the limit is 4 \(max_request_rows\)"):
-        decode_examples({"examples": [{"x": True}] * 5}, max_rows=4)  # building one would refuse the boolean
-    with pytest.raises(InvalidArgument, match="boolean"):
-        decode_examples({"examples": [{"x": True}] * 4}, max_rows=4)
+        decode_examples({"examples": [{"x": None}] * 5}, max_rows=4)  # building one would refuse the null
+    with pytest.raises(InvalidArgument, match="^Feature: x has element with unexpected JSON type: Null$"):
+        decode_examples({"examples": [{"x": None}] * 4}, max_rows=4)
     name, serialized = decode_examples({"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}] * 4}, max_rows=4)
     assert name == "regress_x_to_y" and serialized.shape == (4,)
+
+
+def parsed(body: dict) -> list[dict[str, tuple[str, list]]]:
+    """decode_examples' tf.Examples as {feature: (kind, values)}."""
+    from tensorflow.core.example import example_pb2
+
+    _, serialized = decode_examples(body, max_rows=10)
+    examples = [example_pb2.Example.FromString(item).features.feature for item in serialized]
+    return [{k: (f.WhichOneof("kind"), list(getattr(f, f.WhichOneof("kind")).value) if f.WhichOneof("kind") else [])
+             for k, f in e.items()} for e in examples]
+
+
+def test_example_features_are_typed_as_tf_serving_types_them() -> None:
+    """json_tensor.cc's AddValueToFeature: the first value sets the kind; booleans are int64, 1 is int64, 1.0 float."""
+    body = {"examples": [{"b": True, "i": [1, -2], "f": 1.5, "s": ["a", {"b64": "AAE="}], "e": [], "big": 10**20}]}
+    assert parsed(body) == [{"b": ("int64_list", [1]), "i": ("int64_list", [1, -2]), "f": ("float_list", [1.5]),
+                             "s": ("bytes_list", [b"a", b"\x00\x01"]), "e": (None, []), "big": ("float_list", [pytest.approx(1e20, rel=1e-7)])}]
+    context = parsed({"context": {"x": 5.0, "z": 1}, "examples": [{}, {"x": 1.0}]})
+    assert [(e["x"][1], e["z"][1]) for e in context] == [([5.0], [1]), ([1.0], [1])]  # an example's feature wins
+    for body, message in [
+        ({"examples": [{"x": [1, 2.5]}]}, "Unexpected element type in feature: x expecting type: int64"),
+        ({"examples": [{"x": ["a", 1.0]}]}, "Unexpected element type in feature: x expecting type: bytes"),
+        ({"examples": [{"x": [[1.0]]}]}, "Feature: x has element with unexpected JSON type: Array"),
+        ({"examples": [{"x": {"y": 1}}]}, "Feature: x has element with unexpected JSON type: Object"),
+        ({"examples": [{"x": 2**63}]}, "Feature: x has uint64_t element. Only int64_t is supported."),
+        ({"examples": [3]}, "Example must be JSON object but got JSON Number"),
+        ({"context": [], "examples": [{}]}, "Example must be JSON object but got JSON Array"),
+        ({"signature_name": 3, "examples": [{}]},
+         'JSON Value: {"signature_name":3,"examples":[{}]} not formatted correctly. '
+         "'signature_name' key must be a string value."),
+        ({"context": {}}, """JSON Value: {"context":{}} When method is classify, key 'examples' is expected and was not found"""),
+        ({"examples": {"x": 1}}, """JSON Value: {"examples":{"x":1}} Expecting 'examples' value to be an list/array"""),
+        ({"examples": []}, """JSON Value: {"examples":[]} 'examples' value is an empty array"""),
+    ]:
+        with pytest.raises(InvalidArgument) as refused:
+            decode_examples(body, max_rows=10)
+        assert refused.value.message == message
+    assert decode_examples({"signature_name": "", "examples": [{}]}, max_rows=1)[0] == "serving_default"

@@ -26,8 +26,12 @@ def test_examples_with_a_context_are_the_context_then_each_example_and_counted_f
     assert [(f["x"].float_list.value[0], f["z"].float_list.value[0]) for f in merged] == [(5.0, 1.0), (1.0, 1.0)]
     with pytest.raises(InvalidArgument, match="request has 2 rows; the limit is 1"):
         proto_codec.serialized_examples(given, max_rows=1)
-    with pytest.raises(InvalidArgument, match="set example_list or example_list_with_context"):
+    with pytest.raises(InvalidArgument, match=r"^Input is empty\.$"):  # TF Serving's words (util.cc)
         proto_codec.serialized_examples(input_pb2.Input(), max_rows=2)
+    empty = input_pb2.Input()
+    empty.example_list.SetInParent()
+    with pytest.raises(InvalidArgument, match=r"^Input is empty\.$"):
+        proto_codec.serialized_examples(empty, max_rows=2)
 
 
 def test_classifications_carry_labels_and_scores_per_example() -> None:
@@ -45,7 +49,7 @@ def test_regressions_are_one_value_per_example_or_invalid() -> None:
     result = regression_pb2.RegressionResult()
     proto_codec.fill_regressions(result, {"outputs": np.array([[2.5], [3.0]], np.float32)}, 2)
     assert [r.value for r in result.regressions] == [2.5, 3.0]
-    with pytest.raises(InvalidArgument, match="one 'outputs' value per example"):
+    with pytest.raises(InvalidArgument, match="Input batch size did not match output batch size: 2 vs. 3"):
         proto_codec.fill_regressions(regression_pb2.RegressionResult(), {"outputs": np.zeros(3, np.float32)}, 2)
 
 
