@@ -2,40 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.harness import ROOT
+from tests.support.entrypoint import fake_commands, run_entrypoint as run
 
-ENTRYPOINT = ROOT / "scripts" / "docker-entrypoint"
-# Prints what it was started as, in the process it was started in, and the model repository it was given.
-FAKE = '#!/bin/sh\nprintf "%s\\n" "$$" "${FORKSERVE_MODELS-(unset)}" "$(basename "$0")" "$@"\n'
 TF_SERVING_DEFAULTS = ["tensorflow_model_server", "--port=8500", "--rest_api_port=8501"]
 
 
 @pytest.fixture
 def fakes(tmp_path: Path) -> Path:
-    """A directory of fake tensorflow_model_server, gunicorn and python3, first on PATH."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("tensorflow_model_server", "gunicorn", "python3"):
-        (bin_dir / name).write_text(FAKE)
-        (bin_dir / name).chmod(0o755)
-    return bin_dir
-
-
-def run(fakes: Path, *args: str, **env: str) -> tuple[str, list[str], str]:
-    """Run the entrypoint in a clean environment; (FORKSERVE_MODELS, argv of what it execs, its stderr)."""
-    process = subprocess.Popen([str(ENTRYPOINT), *args], env={"PATH": f"{fakes}:{os.environ['PATH']}", **env},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = process.communicate(timeout=30)
-    assert process.returncode == 0, err
-    pid, models, *argv = out.splitlines()
-    assert int(pid) == process.pid  # exec'd: the server replaces the script and gets its signals
-    return models, argv, err
+    return fake_commands(tmp_path)
 
 
 def test_model_name_alone_serves_it_from_models_as_tf_serving_s_image_does(fakes: Path) -> None:
