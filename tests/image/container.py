@@ -125,12 +125,16 @@ class Container:
         else:
             os.kill(self.pid(), signal.SIGTERM)
 
-    def ready(self) -> bool:
+    def answers(self, path: str) -> bool:
+        """Whether `path` answers 200 on the REST port (the container still running)."""
         assert self.process.poll() is None, self.log.read_text()[-3000:]
         try:
-            return requests.get(f"{self.url}/readyz", timeout=5).status_code == 200
+            return requests.get(f"{self.url}{path}", timeout=5).status_code == 200
         except requests.RequestException:
             return False
+
+    def ready(self) -> bool:
+        return self.answers("/readyz")
 
     def stop(self) -> None:
         if self.process.poll() is None:

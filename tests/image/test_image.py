@@ -51,6 +51,19 @@ def test_with_nothing_mounted_the_image_serves_its_demo(image: str, tmp_path: Pa
         bare.stop()
 
 
+def test_an_empty_volume_at_models_is_served_not_the_demo(image: str, tmp_path: Path) -> None:
+    """A fresh repository that a publish job fills later: the entrypoint tells a mount from the image's empty /models."""
+    empty = tmp_path / "models"
+    empty.mkdir()
+    mounted = Container(image, tmp_path, volumes={"/models": empty}, env={})
+    try:
+        wait_until(lambda: mounted.answers("/healthz"), 300, "the container's /healthz")  # no model: never ready
+        assert "serving the model repository in /models" in mounted.log.read_text()
+        assert requests.get(f"{mounted.url}/v1/models/digits", timeout=30).status_code == 404
+    finally:
+        mounted.stop()
+
+
 @pytest.fixture(scope="module")
 def container(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     """The image over a host directory at /models: a copy of the repository's models."""
