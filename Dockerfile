@@ -1,7 +1,10 @@
-# forkserve: the demo model served on port 8000. Build and test: `make image-test` (tests/image/).
+# forkserve, a drop-in for TensorFlow Serving's image. Build and test: `make image-test` (tests/image/).
 #   podman build -t forkserve .            # or docker build; BASE names another bookworm image
-#   podman run --rm -p 8000:8000 forkserve # answers the README's demo request
-#   podman run --rm -p 8000:8000 -v /srv/models:/models forkserve   # your repository instead
+#   podman run --rm -p 8000:8000 forkserve # natively: the demo models (REST 8000, gRPC 8500); answers the README's demo request
+#   podman run --rm -p 8000:8000 -v /srv/models:/models forkserve   # natively, your repository (served whenever one is mounted)
+#   podman run --rm -p 8501:8501 -p 8500:8500 -v /srv/resnet:/models/resnet -e MODEL_NAME=resnet forkserve
+#                                          # as tensorflow/serving: REST 8501, gRPC 8500, TF Serving's flags appended as arguments
+# The rules are scripts/docker-entrypoint's; deploy/k8s/README.md has the Kubernetes and KServe variants.
 ARG BASE=docker.io/library/debian:bookworm-slim
 FROM ${BASE}
 
@@ -31,13 +34,17 @@ RUN --mount=type=secret,id=pip_ca \
 COPY server/ server/
 COPY gunicorn.conf.py ./
 COPY conf/models.toml conf/models.toml
+# TF Serving's image has its server and entrypoint in /usr/bin; manifests and KServe's runtime call them by that path.
+COPY scripts/docker-entrypoint scripts/forkserve-healthcheck /usr/local/bin/
+COPY scripts/tensorflow_model_server /usr/bin/
 
-# The demo repository, copied into a new /models volume on first use; mount your own over it.
-COPY models/ /models/
+# The demo repository, served when /models is empty and no volume is mounted there. /models is no VOLUME:
+# an anonymous volume would always be mounted, and the demo never served.
+COPY models/ /opt/forkserve/demo-models/
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin forkserve \
-    && mkdir -p /run/forkserve \
-    && chown forkserve /run/forkserve
-VOLUME /models
+    && mkdir -p /run/forkserve /models \
+    && chown forkserve /run/forkserve \
+    && ln -s /usr/local/bin/docker-entrypoint /usr/bin/tf_serving_entrypoint.sh
 
 # The run directory (worker state, Prometheus multiprocess files) and every scratch path on one
 # writable mount: the root file system can be read-only (deploy/k8s mounts an emptyDir there).
@@ -50,8 +57,12 @@ ENV FORKSERVE_BIND=0.0.0.0:8000 \
     KERAS_HOME=/run/forkserve/keras \
     HOME=/run/forkserve
 USER 10001
-EXPOSE 8000 8500
+# 8000: native REST; 8500: gRPC in both modes; 8501: REST as TF Serving's image has it.
+EXPOSE 8000 8500 8501
+# /healthz on whichever REST port this mode serves.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
-    CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
-# gunicorn is PID 1: SIGTERM drains in-flight requests (graceful_timeout 30 s) and exits 0; it reaps its workers.
-CMD ["gunicorn", "-c", "gunicorn.conf.py"]
+    CMD ["forkserve-healthcheck", "8000", "8501"]
+# The entrypoint execs the server, so gunicorn is PID 1: SIGTERM drains in-flight requests (graceful_timeout 30 s)
+# and exits 0; it reaps its workers. No CMD: without arguments the entrypoint serves natively (or as TF Serving with MODEL_NAME).
+ENTRYPOINT ["/usr/local/bin/docker-entrypoint"]
+CMD []

@@ -15,6 +15,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.settings import Settings
+from tests.support.entrypoint import fake_commands, flag, run_entrypoint
 from tests.support.harness import ROOT, Server
 
 K8S = ROOT / "deploy" / "k8s"
@@ -43,7 +44,11 @@ def dockerfile_env() -> dict[str, str]:
     return dict(pair.split("=", 1) for line in re.findall(r"^ENV (.+)$", text, re.M) for pair in line.split())
 
 
-@pytest.mark.parametrize("directory", ["base", "overlays/example"])
+def exposed_ports() -> set[int]:
+    return set(map(int, re.search(r"^EXPOSE (.+)$", (ROOT / "Dockerfile").read_text(), re.M)[1].split()))
+
+
+@pytest.mark.parametrize("directory", ["base", "overlays/example", "overlays/tfserving"])
 def test_every_document_is_valid_against_the_kubernetes_api_schemas(directory: str) -> None:
     import kubernetes_validate
 
@@ -94,8 +99,7 @@ def test_the_grpc_port_and_its_readiness_probe_match_the_server_and_the_image(se
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     env = dockerfile_env()
     assert env["FORKSERVE_BIND"].endswith(f":{ports['http']}") and env["FORKSERVE_GRPC_BIND"] == f"0.0.0.0:{ports['grpc']}"
-    exposed = re.search(r"^EXPOSE (.+)$", (ROOT / "Dockerfile").read_text(), re.M)[1].split()
-    assert sorted(map(int, exposed)) == sorted(ports.values()) == [8000, 8500]
+    assert sorted(ports.values()) == [8000, 8500] and set(ports.values()) <= exposed_ports()
     grpc_service = next(p for p in docs["Service"]["spec"]["ports"] if p["name"] == "grpc")
     assert grpc_service["targetPort"] == "grpc" and grpc_service["appProtocol"] == "grpc"
     # The kubelet's native probe takes a port number (no names) and, without `service`, asks about "".
@@ -181,6 +185,36 @@ def test_the_overlay_sets_the_image_autoscales_on_the_queue_and_carries_the_aler
     pod_maps = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
     generated = job_maps[mounted[conf_path.rsplit("/", 1)[0]]]
     assert pod_maps == {generated} and generated.startswith("forkserve-models-toml-")  # kustomize's hashed name in both
+
+
+def test_the_tf_serving_overlay_runs_the_image_as_tf_serving_s_and_changes_nothing_else(tmp_path: Path) -> None:
+    docs, base = by_kind("overlays/tfserving"), by_kind("base")
+    pod = docs["Deployment"]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"grpc": 8500, "http": 8501} and set(ports.values()) <= exposed_ports()
+    # What the image's entrypoint runs in this container (no command: the image's ENTRYPOINT, with its args).
+    assert "command" not in container
+    env = {e["name"]: e["value"] for e in container["env"]}
+    _, argv, _ = run_entrypoint(fake_commands(tmp_path), *container.get("args", []), **env)
+    assert argv[0] == "tensorflow_model_server"
+    assert int(flag(argv, "port")) == ports["grpc"] == container["readinessProbe"]["grpc"]["port"]
+    assert int(flag(argv, "rest_api_port")) == ports["http"] == int(pod["metadata"]["annotations"]["prometheus.io/port"])
+    for probe in ("livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    model_path = Path(flag(argv, "model_base_path"))
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    assert model_path == Path("/models") / env["MODEL_NAME"] and mounts[str(model_path.parent)] == "models"
+    service = {port["name"]: port for port in docs["Service"]["spec"]["ports"]}
+    assert {name: (port["port"], port["targetPort"]) for name, port in service.items()} == {"grpc": (8500, "grpc"), "http": (8501, "http")}
+    # Everything else is the base's: probes, drain, security, volumes, resources.
+    changed = yaml.safe_load(yaml.safe_dump(docs["Deployment"]))
+    unchanged = yaml.safe_load(yaml.safe_dump(base["Deployment"]))
+    for deployment in (changed, unchanged):
+        template = deployment["spec"]["template"]
+        del template["metadata"]["annotations"]["prometheus.io/port"], template["spec"]["containers"][0]["ports"]
+        template["spec"]["containers"][0]["env"] = [e for e in template["spec"]["containers"][0]["env"] if not e["name"].startswith("MODEL_")]
+    assert changed == unchanged
 
 
 def test_the_annotation_scrape_config_keeps_the_pods_the_deployment_annotates() -> None:
