@@ -58,12 +58,14 @@ REQUEST_LATENCY = ":tensorflow:serving:request_latency"
 RUNTIME_LATENCY = ":tensorflow:serving:runtime_latency"
 GRAPH_RUNS = ":tensorflow:core:graph_runs"
 GRAPH_RUN_TIME = ":tensorflow:core:graph_run_time_usecs"
+WRAPPED_RUNS = ":tensorflow:serving:batching_session:wrapped_run_count"
 HELP = {  # TF Serving's own descriptions (its exporter prints none; promtool asks for them)
     REQUEST_COUNT: "The total number of requests.",
     REQUEST_LATENCY: "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
     RUNTIME_LATENCY: "Distribution of wall time (in microseconds) for Tensorflow runtime.",
     GRAPH_RUNS: "The number of graph executions used to collect /tensorflow/core/graph_run_time_usecs",
     GRAPH_RUN_TIME: "The total time spent on executing graphs in microseconds.",
+    WRAPPED_RUNS: "Total count of run calls on the wrapped session",
 }
 # the internal histograms (server.telemetry.metrics) each TF Serving histogram is written from
 HISTOGRAMS = {
@@ -97,11 +99,12 @@ def exposition(metrics: Iterable[Metric]) -> bytes:
     lines += _counter(REQUEST_COUNT, _request_counts(by_name.get("forkserve_requests")))
     for name, internal in HISTOGRAMS.items():
         lines += _histogram(name, by_name.get(internal))
-    executions = by_name.get("forkserve_batch_executions")
-    lines += _counter(GRAPH_RUNS, {(): _total(executions, "forkserve_batch_executions_total")})
+    runs = _total(by_name.get("forkserve_batch_executions"), "forkserve_batch_executions_total")
+    lines += _counter(GRAPH_RUNS, {(): runs})
     batch_seconds = by_name.get("forkserve_batch_stats_seconds")
     seconds = _total(batch_seconds, "forkserve_batch_stats_seconds_total", kind="compute_infer")
     lines += _counter(GRAPH_RUN_TIME, {(): seconds * 1e6})
+    lines += _counter(WRAPPED_RUNS, {(): runs})  # forkserve always batches: every model execution runs one batch
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -137,6 +137,7 @@ def test_rest_and_grpc_requests_are_counted_and_timed_exactly(tfs_server: Server
     assert total(after, count) == sum(v for (name, labels), v in after.items()
                                       if name == "forkserve_requests_total" and dict(labels)["api"].startswith("tfserving_"))
     assert total(after, ":tensorflow:core:graph_runs_total") == total(after, "forkserve_batch_executions_total") > 0
+    assert total(after, ":tensorflow:serving:batching_session:wrapped_run_count_total") == total(after, ":tensorflow:core:graph_runs_total")
     compute = total(after, "forkserve_batch_stats_seconds_total", kind="compute_infer")
     assert total(after, ":tensorflow:core:graph_run_time_usecs_total") == int(compute * 1e6)
 

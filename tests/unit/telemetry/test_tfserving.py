@@ -85,6 +85,7 @@ def test_graph_runs_and_their_time_come_from_the_executors_batches(two_workers: 
     lines = exposed(two_workers).splitlines()
     assert ":tensorflow:core:graph_runs 6" in lines
     assert ":tensorflow:core:graph_run_time_usecs 3000" in lines  # compute_infer only, in microseconds
+    assert ":tensorflow:serving:batching_session:wrapped_run_count 6" in lines
 
 
 def test_the_exposition_parses_as_tf_servings_types(two_workers: Path) -> None:
@@ -95,6 +96,7 @@ def test_the_exposition_parses_as_tf_servings_types(two_workers: Path) -> None:
         ":tensorflow:serving:runtime_latency": "histogram",
         ":tensorflow:core:graph_runs": "counter",
         ":tensorflow:core:graph_run_time_usecs": "counter",
+        ":tensorflow:serving:batching_session:wrapped_run_count": "counter",
     }
 
 
@@ -107,7 +109,8 @@ def test_metrics_keeps_only_forkserves_families(two_workers: Path) -> None:
 def test_an_empty_directory_gives_empty_families_and_zero_graph_runs(tmp_path: Path) -> None:
     lines = exposed(tmp_path).splitlines()
     assert [line for line in lines if not line.startswith("#")] == [
-        ":tensorflow:core:graph_runs 0", ":tensorflow:core:graph_run_time_usecs 0"]
+        ":tensorflow:core:graph_runs 0", ":tensorflow:core:graph_run_time_usecs 0",
+        ":tensorflow:serving:batching_session:wrapped_run_count 0"]
 
 
 def test_status_names_are_the_grpc_codes_forkserve_answers_with() -> None:
