@@ -48,6 +48,12 @@ def scrape(server: Server, path: str = PATH) -> Scrape:
             for family in text_string_to_metric_families(response.text) for sample in family.samples}
 
 
+def scrape_with(server: Server, pattern: str) -> str | None:
+    """The path's text when a line matches `pattern` (None until then)."""
+    text = server.get(PATH).text
+    return text if re.search(pattern, text, re.MULTILINE) else None
+
+
 def total(scrape: Scrape, name: str, **labels: str) -> float:
     """The sum of the samples of that name whose labels include `labels`."""
     wanted = set(labels.items())
@@ -143,9 +149,11 @@ def test_rest_and_grpc_requests_are_counted_and_timed_exactly(tfs_server: Server
 
 
 def test_latency_buckets_are_tf_servings(tfs_server: Server) -> None:
-    text = tfs_server.get(PATH).text
-    bounds = re.findall(r'^:tensorflow:serving:request_latency_bucket\{model_name="half_plus_two",API="predict",'
-                        r'entrypoint="REST",le="([^"]+)"\} \d+$', text, re.MULTILINE)
+    assert tfs_server.post(f"/v1/models/{MODEL}:predict", json={"instances": [1.0]}).status_code == 200
+    pattern = re.compile(r'^:tensorflow:serving:request_latency_bucket\{model_name="half_plus_two",API="predict",'
+                         r'entrypoint="REST",le="([^"]+)"\} \d+$', re.MULTILINE)
+    text = wait_until(lambda: scrape_with(tfs_server, pattern.pattern), 15, "a REST predict timed")
+    bounds = pattern.findall(text)
     assert len(bounds) == 34 and bounds[:4] == ["10", "18", "32.4", "58.32"] and bounds[-1] == "+Inf", bounds
     assert re.search(r"^:tensorflow:serving:request_count\{", text, re.MULTILINE)  # no _total, as TF Serving writes it
 
@@ -161,7 +169,8 @@ def test_metrics_is_unchanged_and_the_path_carries_it_too(tfs_server: Server) ->
 
 def test_the_path_passes_promtool_but_for_tf_servings_own_names(tfs_server: Server) -> None:
     promtool = require_tool("promtool")
-    body = tfs_server.get(PATH).content
+    assert tfs_server.post(f"/v1/models/{MODEL}:predict", json={"instances": [1.0]}).status_code == 200
+    body = wait_until(lambda: scrape_with(tfs_server, r"^:tensorflow:serving:request_count\{"), 15, "a request counted").encode()
     lint = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=False, timeout=30)
     problems = lint.stderr.decode().splitlines()
     assert lint.returncode == 3 and b"error while linting" not in lint.stderr, lint  # 3: lint problems only, no parse error
