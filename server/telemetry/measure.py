@@ -138,8 +138,8 @@ def record(status: int) -> None:
             BUFFER.add(metrics.STAGE_SECONDS, (model, name, protocol), stage_seconds)
         if inference.version:
             _record_statistics(model, inference.version, status, total, stages)
-        if TFSERVING and status == 200:
-            _record_tfserving(inference, total, stages)
+        if TFSERVING:
+            _record_tfserving(inference, status, total, stages)
         _log_if_slow(inference, status, stages)
         trace = inference.trace
         if trace is not None:
@@ -164,10 +164,14 @@ def _record_statistics(model: str, version: str, status: int, total: float, stag
     ))
 
 
-def _record_tfserving(inference: Inference, total: float, stages: dict[str, float]) -> None:
-    """TF Serving's request and runtime latency of a successful TF Serving API request (its own are of successes only)."""
+def _record_tfserving(inference: Inference, status: int, total: float, stages: dict[str, float]) -> None:
+    """TF Serving's histograms: any request's wait in the batching queue; a successful TF Serving API request's latencies."""
+    # NOTE: TF Serving times every task its batching queue hands to a batch, whatever follows: a request that
+    # reached the model ("compute"), not one that gave up waiting
+    if "compute" in stages:
+        BUFFER.add(metrics.TFSERVING_QUEUING_LATENCY, (tfserving.BATCH_THREAD_POOL,), stages.get("queue", 0.0) * 1e6)
     labels = tfserving.REQUEST_LATENCY_LABELS.get((inference.api, inference.protocol))
-    if labels is None:
+    if labels is None or status != 200:  # TF Serving's own are of successes only
         return
     BUFFER.add(metrics.TFSERVING_REQUEST_LATENCY, (inference.model,) + labels, total * 1e6)
     if "compute" in stages:  # NOTE: TF Serving times its session's Run, which waits in the batching queue too

@@ -140,6 +140,10 @@ TFSERVING_RUNTIME_LATENCY = Histogram(
     tfserving.HISTOGRAMS[tfserving.RUNTIME_LATENCY], "Successful TF Serving API requests' queue plus compute time, in microseconds.",
     ["model_name", "API", "runtime"], buckets=tfserving.LATENCY_BOUNDS_US,
 )
+TFSERVING_QUEUING_LATENCY = Histogram(
+    tfserving.HISTOGRAMS[tfserving.QUEUING_LATENCY], "Requests' wait in a model's queue, in microseconds.",
+    ["thread_pool_name"], buckets=tfserving.QUEUING_BOUNDS_US,
+)
 
 # --- executor (worker, executor threads) ---
 BATCH_ROWS = Histogram(

@@ -28,6 +28,9 @@ def exponential_bounds(scale: float, growth: float, count: int) -> tuple[float, 
 
 
 LATENCY_BOUNDS_US = exponential_bounds(10, 1.8, 33)  # request_latency and runtime_latency: 10 µs .. ~25 min
+QUEUING_BOUNDS_US = exponential_bounds(100, 1.2, 52)  # batching_session/queuing_latency: 100 µs .. ~1 s
+# the thread_pool_name TF Serving's batching session gets from --enable_batching without a batching parameters file
+BATCH_THREAD_POOL = "model_server_batch_threads"
 
 # (forkserve's api label, protocol) -> request_latency's (API, entrypoint): REST's API is the URL's verb, gRPC's the method
 REQUEST_LATENCY_LABELS = {
@@ -59,6 +62,7 @@ RUNTIME_LATENCY = ":tensorflow:serving:runtime_latency"
 GRAPH_RUNS = ":tensorflow:core:graph_runs"
 GRAPH_RUN_TIME = ":tensorflow:core:graph_run_time_usecs"
 WRAPPED_RUNS = ":tensorflow:serving:batching_session:wrapped_run_count"
+QUEUING_LATENCY = ":tensorflow:serving:batching_session:queuing_latency"
 HELP = {  # TF Serving's own descriptions (its exporter prints none; promtool asks for them)
     REQUEST_COUNT: "The total number of requests.",
     REQUEST_LATENCY: "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
@@ -66,15 +70,18 @@ HELP = {  # TF Serving's own descriptions (its exporter prints none; promtool as
     GRAPH_RUNS: "The number of graph executions used to collect /tensorflow/core/graph_run_time_usecs",
     GRAPH_RUN_TIME: "The total time spent on executing graphs in microseconds.",
     WRAPPED_RUNS: "Total count of run calls on the wrapped session",
+    QUEUING_LATENCY: "Distribution of wall time spent (in microseconds) in queuing",
 }
 # the internal histograms (server.telemetry.metrics) each TF Serving histogram is written from
 HISTOGRAMS = {
     REQUEST_LATENCY: INTERNAL_PREFIX + "request_latency_microseconds",
     RUNTIME_LATENCY: INTERNAL_PREFIX + "runtime_latency_microseconds",
+    QUEUING_LATENCY: INTERNAL_PREFIX + "queuing_latency_microseconds",
 }
 LABELS = {  # in TF Serving's order (the multiprocess files sort them)
     REQUEST_LATENCY: ("model_name", "API", "entrypoint"),
     RUNTIME_LATENCY: ("model_name", "API", "runtime"),
+    QUEUING_LATENCY: ("thread_pool_name",),
 }
 
 

@@ -137,6 +137,8 @@ def test_rest_and_grpc_requests_are_counted_and_timed_exactly(tfs_server: Server
     runtime = ":tensorflow:serving:runtime_latency_count"
     assert delta(after, runtime, model_name=MODEL, API="Predict", runtime="TF1") == rest_ok + grpc_ok
     assert delta(after, runtime, model_name=MODEL, API="Regress", runtime="TF1") == rest_regress + grpc_regress_ok
+    queuing = ":tensorflow:serving:batching_session:queuing_latency_count"
+    assert delta(after, queuing, thread_pool_name="model_server_batch_threads") == ok  # the failures never reached the model
     # microseconds: each request took more than 10 µs and less than the test's own time
     assert 10 * ok < delta(after, ":tensorflow:serving:request_latency_sum") < 60e6
     # the same scrape's own families agree: TF Serving's are forkserve's, renamed

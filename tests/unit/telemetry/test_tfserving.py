@@ -23,6 +23,7 @@ for labels, count in {requests}:
 for value in {latencies}:
     m.TFSERVING_REQUEST_LATENCY.labels("mlp", "predict", "REST").observe(value)
 m.TFSERVING_RUNTIME_LATENCY.labels("mlp", "Predict", "TF1").observe(250.0)
+m.TFSERVING_QUEUING_LATENCY.labels("model_server_batch_threads").observe(130.0)
 m.BATCH_EXECUTIONS.labels("mlp", "1", "4").inc(3)
 m.BATCH_SECONDS.labels("mlp", "1", "4", "compute_infer").inc(0.0015)
 m.BATCH_SECONDS.labels("mlp", "1", "4", "compute_input").inc(7.0)
@@ -79,6 +80,10 @@ def test_request_latency_has_tf_servings_bounds_labels_and_counts(two_workers: P
     assert ':tensorflow:serving:request_latency_count{model_name="mlp",API="predict",entrypoint="REST"} 3' in text
     assert ':tensorflow:serving:request_latency_sum{model_name="mlp",API="predict",entrypoint="REST"} 1000000000020.0' in text
     assert ':tensorflow:serving:runtime_latency_bucket{model_name="mlp",API="Predict",runtime="TF1",le="340.122"} 2' in text
+    queued = ':tensorflow:serving:batching_session:queuing_latency_bucket{thread_pool_name="model_server_batch_threads",le='
+    queuing = [line.removeprefix(queued) for line in text.splitlines() if line.startswith(queued)]
+    assert len(queuing) == 53 and queuing[:4] == ['"100"} 0', '"120"} 0', '"144"} 2', '"172.8"} 2'], queuing
+    assert queuing[-2:] == ['"1.09205e+06"} 2', '"+Inf"} 2']  # Buckets::Exponential(100, 1.2, 52): ~1 s
 
 
 def test_graph_runs_and_their_time_come_from_the_executors_batches(two_workers: Path) -> None:
@@ -97,6 +102,7 @@ def test_the_exposition_parses_as_tf_servings_types(two_workers: Path) -> None:
         ":tensorflow:core:graph_runs": "counter",
         ":tensorflow:core:graph_run_time_usecs": "counter",
         ":tensorflow:serving:batching_session:wrapped_run_count": "counter",
+        ":tensorflow:serving:batching_session:queuing_latency": "histogram",
     }
 
 
@@ -152,8 +158,10 @@ def _request(api: str, protocol: str, status: int) -> None:
 ])
 def test_a_successful_request_is_timed_in_microseconds_only_when_on(
         monkeypatch: pytest.MonkeyPatch, api: str, protocol: str, labels: tuple[str, ...], runtime: tuple[str, ...]) -> None:
+    pool = (tfserving.BATCH_THREAD_POOL,)
     _request(api, protocol, 200)  # off: nothing recorded
     assert labels not in _sums(metrics.TFSERVING_REQUEST_LATENCY)
+    queued = _sums(metrics.TFSERVING_QUEUING_LATENCY, "_count").get(pool, 0.0)
     monkeypatch.setattr(measure, "TFSERVING", True)
     _request(api, protocol, 200)
     _request(api, protocol, 400)  # TF Serving times successes only
@@ -161,3 +169,4 @@ def test_a_successful_request_is_timed_in_microseconds_only_when_on(
     assert 2000 <= _sums(metrics.TFSERVING_REQUEST_LATENCY)[labels] < 2000 + 1e5  # microseconds, of one request
     assert _sums(metrics.TFSERVING_RUNTIME_LATENCY)[runtime] == pytest.approx(1000)
     assert _sums(metrics.TFSERVING_REQUEST_LATENCY, "_count")[labels] == 1
+    assert _sums(metrics.TFSERVING_QUEUING_LATENCY, "_count")[pool] == queued + 3  # every request that reached the model
