@@ -198,6 +198,28 @@ def _json_table(name: str) -> dict:
 
 
 MODEL_CONTROL_MODES = ("poll", "explicit")
+# The REST port's own routes: TF Serving's metrics path may be none of these, nor under the APIs' prefixes.
+RESERVED_PATHS = ("/metrics", "/healthz", "/readyz", "/openapi.json")
+RESERVED_PREFIXES = ("/v1", "/v2")
+
+
+def _tfserving_metrics_path(raw: str) -> str:
+    """FORKSERVE_TFSERVING_METRICS_PATH checked: "" (off) or an absolute URL path no other route answers."""
+    path = raw.strip()
+    if not path:
+        return ""
+    name = "FORKSERVE_TFSERVING_METRICS_PATH"
+    malformed = any(c in "?#<>%\\" or c.isspace() or not c.isprintable() for c in path)  # NOTE: < > would be a Flask converter
+    if not path.startswith("/") or path == "/" or malformed:
+        raise ValueError(f"{name} must be a URL path such as /monitoring/prometheus/metrics, got {raw!r}")
+    taken = path.rstrip("/")
+    if taken in RESERVED_PATHS:
+        raise ValueError(f"{name} must not be {taken} (forkserve answers there), got {raw!r}")
+    for prefix in RESERVED_PREFIXES:
+        if taken == prefix or taken.startswith(prefix + "/"):
+            raise ValueError(f"{name} must not be under {prefix}/ (forkserve's APIs), got {raw!r}")
+    return path
+
 
 _current: "Settings | None" = None
 
@@ -246,6 +268,7 @@ class Settings:
     load_models: tuple[str, ...] = ()  # FORKSERVE_LOAD_MODELS: models explicit mode loads at start
     repository_api: bool = True  # FORKSERVE_REPOSITORY_API: the repository index, load and unload calls (0: refused, 403)
     repository_timeout: float = 600.0  # FORKSERVE_REPOSITORY_TIMEOUT: seconds a load or unload call waits for every worker
+    tfserving_metrics_path: str = ""  # FORKSERVE_TFSERVING_METRICS_PATH: TF Serving's Prometheus path on the REST port ("": off)
     # TF Serving's model configuration (server.master.model_server_config; `python -m server tfserving` sets these):
     tfserving_model_config: Path | None = None  # FORKSERVE_TFSERVING_MODEL_CONFIG: a ModelServerConfig text-proto file
     tfserving_model: tuple[str, str] | None = None  # FORKSERVE_TFSERVING_MODEL: NAME=BASE_PATH, one model (--model_name)
@@ -325,6 +348,7 @@ class Settings:
             load_models=load_models,
             repository_api=_env_flag("FORKSERVE_REPOSITORY_API", "1"),
             repository_timeout=_env_seconds("FORKSERVE_REPOSITORY_TIMEOUT", 600.0),
+            tfserving_metrics_path=_tfserving_metrics_path(os.environ.get("FORKSERVE_TFSERVING_METRICS_PATH", "")),
             tfserving_model_config=_absolute_or_none(os.environ.get("FORKSERVE_TFSERVING_MODEL_CONFIG", "")),
             tfserving_model=_one_model(os.environ.get("FORKSERVE_TFSERVING_MODEL", "")),
             tfserving_model_config_poll=_env_zero_or_positive("FORKSERVE_TFSERVING_MODEL_CONFIG_POLL", 0.0, "seconds", "read once"),

@@ -42,6 +42,8 @@ def create_app(settings: Settings | None = None, config: ServerConfig | None = N
     app.register_blueprint(metrics.blueprint)
     app.register_blueprint(v2.blueprint)
     app.register_blueprint(openapi.blueprint)
+    if settings.tfserving_metrics_path:
+        metrics.add_tfserving_path(app, settings.tfserving_metrics_path)
     app.before_request(_assign_request_id)
     app.after_request(_echo_request_id)
     app.after_request(_finish)

@@ -22,9 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Metric, generate_latest
+from prometheus_client import Metric, generate_latest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from server.telemetry.tfserving import forkserve_families
 
 # what a dead process's file adds to the archive's value: counters and histograms sum, a "max" gauge keeps the max
 FOLDS: dict[str, Callable[[float, float], float]] = {"counter": operator.add, "histogram": operator.add, "gauge_max": max}
@@ -46,12 +48,32 @@ def _locked(directory: Path, exclusive: bool) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def scrape(directory: Path) -> bytes:
-    """The text exposition of every process's metrics (any worker can answer /metrics)."""
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(directory))
+def collect(directory: Path) -> list[Metric]:
+    """Every process's metrics merged (any worker can answer a scrape), read under the directory's lock."""
+    collector = MultiProcessCollector(None, path=str(directory))
     with _locked(directory, exclusive=False):
-        return generate_latest(registry)
+        return list(collector.collect())
+
+
+def exposition(metrics: list[Metric]) -> bytes:
+    """The Prometheus text exposition of these metrics."""
+    return generate_latest(_Collected(metrics))  # type: ignore[arg-type]
+
+
+def scrape(directory: Path) -> bytes:
+    """The text exposition of forkserve's own families (/metrics)."""
+    return exposition(forkserve_families(collect(directory)))
+
+
+class _Collected:
+    """Metrics already collected, as generate_latest asks for them."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        """The metrics, as given."""
+        return self.metrics
 
 
 def families(directory: Path, kinds: tuple[str, ...]) -> list[Metric]:

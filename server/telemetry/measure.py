@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.settings import Settings
-from server.telemetry import arrival, metrics, tracing
+from server.telemetry import arrival, metrics, tfserving, tracing
 from server.telemetry.buffer import BUFFER
 from server.telemetry.lines import LineLimit
 
 log = logging.getLogger("forkserve.slow")
 
 UNKNOWN_MODEL = "_unknown"  # a 404 for a name that is not served must not create a label per name
+TFSERVING = False  # record TF Serving's latency histograms too: set once in a worker (FORKSERVE_TFSERVING_METRICS_PATH)
 
 
 @dataclass
@@ -137,6 +138,8 @@ def record(status: int) -> None:
             BUFFER.add(metrics.STAGE_SECONDS, (model, name, protocol), stage_seconds)
         if inference.version:
             _record_statistics(model, inference.version, status, total, stages)
+        if TFSERVING:
+            _record_tfserving(inference, status, total, stages)
         _log_if_slow(inference, status, stages)
         trace = inference.trace
         if trace is not None:
@@ -159,6 +162,21 @@ def _record_statistics(model: str, version: str, status: int, total: float, stag
         get("compute", 0.0),
         get("postprocess", 0.0) + get("encode", 0.0),
     ))
+
+
+def _record_tfserving(inference: Inference, status: int, total: float, stages: dict[str, float]) -> None:
+    """TF Serving's histograms: any request's wait in the batching queue; a successful TF Serving API request's latencies."""
+    # NOTE: TF Serving times every task its batching queue hands to a batch, whatever follows: a request that
+    # reached the model ("compute"), not one that gave up waiting
+    if "compute" in stages:
+        BUFFER.add(metrics.TFSERVING_QUEUING_LATENCY, (tfserving.BATCH_THREAD_POOL,), stages.get("queue", 0.0) * 1e6)
+    labels = tfserving.REQUEST_LATENCY_LABELS.get((inference.api, inference.protocol))
+    if labels is None or status != 200:  # TF Serving's own are of successes only
+        return
+    BUFFER.add(metrics.TFSERVING_REQUEST_LATENCY, (inference.model,) + labels, total * 1e6)
+    if "compute" in stages:  # NOTE: TF Serving times its session's Run, which waits in the batching queue too
+        runtime = tfserving.RUNTIME_LATENCY_LABELS[inference.api]
+        BUFFER.add(metrics.TFSERVING_RUNTIME_LATENCY, (inference.model,) + runtime, (stages.get("queue", 0.0) + stages["compute"]) * 1e6)
 
 
 # Triton's kinds of a successful request's time, from forkserve's stages (what is not in a stage is in none):

@@ -16,6 +16,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from server import compat, write_errors
 from server.settings import Settings
+from server.telemetry import tfserving
 
 log = logging.getLogger("forkserve.metrics")
 
@@ -126,6 +127,22 @@ REQUEST_SECONDS = Histogram(
 STAGE_SECONDS = Histogram(
     "forkserve_request_stage_duration_seconds", "Time per request stage: thread_wait (for a request thread), decode, preprocess, queue, compute, postprocess, encode.",
     ["model", "stage", "protocol"], buckets=LATENCY_BUCKETS,
+)
+
+# --- TF Serving's latency histograms (worker, request threads; FORKSERVE_TFSERVING_METRICS_PATH set only) ---
+# NOTE: recorded with TF Serving's own bounds, in microseconds, and written only under TF Serving's names
+# (server.telemetry.tfserving): histogram buckets cannot be re-bucketed from forkserve's own.
+TFSERVING_REQUEST_LATENCY = Histogram(
+    tfserving.HISTOGRAMS[tfserving.REQUEST_LATENCY], "Successful TF Serving API requests' time, in microseconds.",
+    ["model_name", "API", "entrypoint"], buckets=tfserving.LATENCY_BOUNDS_US,
+)
+TFSERVING_RUNTIME_LATENCY = Histogram(
+    tfserving.HISTOGRAMS[tfserving.RUNTIME_LATENCY], "Successful TF Serving API requests' queue plus compute time, in microseconds.",
+    ["model_name", "API", "runtime"], buckets=tfserving.LATENCY_BOUNDS_US,
+)
+TFSERVING_QUEUING_LATENCY = Histogram(
+    tfserving.HISTOGRAMS[tfserving.QUEUING_LATENCY], "Requests' wait in a model's queue, in microseconds.",
+    ["thread_pool_name"], buckets=tfserving.QUEUING_BOUNDS_US,
 )
 
 # --- executor (worker, executor threads) ---

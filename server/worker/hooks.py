@@ -86,6 +86,9 @@ def post_worker_init(worker: Any) -> None:
         worker.log.exception("forkserve: loading models failed")
     start_tracing(worker)
     start_payload_log(worker, registry, settings)
+    from server.telemetry import measure
+
+    measure.TFSERVING = bool(settings.tfserving_metrics_path)  # before the first request: REST accepts, gRPC listens after this
     # NOTE: after tracing (the OTel SDK's imports, ~12,000 objects, frozen too) and before gRPC
     # listens: the collection before the freeze takes up to ~0.2 s and must not stall its calls.
     if settings.gc_freeze:

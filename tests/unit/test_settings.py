@@ -292,3 +292,33 @@ def test_model_control_defaults_to_poll_and_takes_a_startup_list_only_in_explici
     clean_env.setenv("FORKSERVE_MODEL_CONTROL", "poll")
     clean_env.delenv("FORKSERVE_LOAD_MODELS")
     assert Settings.from_env().repository_api is False
+
+
+def test_tfserving_metrics_path_is_off_by_default(clean_env: pytest.MonkeyPatch) -> None:
+    assert Settings.from_env().tfserving_metrics_path == ""
+
+
+@pytest.mark.parametrize("raw", ["/monitoring/prometheus/metrics", " /tfs/metrics ", "/metricsz", "/v1x", "/prometheus/"])
+def test_tfserving_metrics_path_is_taken_as_given(clean_env: pytest.MonkeyPatch, raw: str) -> None:
+    clean_env.setenv("FORKSERVE_TFSERVING_METRICS_PATH", raw)
+    assert Settings.from_env().tfserving_metrics_path == raw.strip()
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    ("monitoring/metrics", "must be a URL path"),
+    ("/", "must be a URL path"),
+    ("/a b", "must be a URL path"),
+    ("/m?x=1", "must be a URL path"),
+    ("/<path:p>", "must be a URL path"),
+    ("/m%2Fx", "must be a URL path"),
+    ("/metrics", "must not be /metrics"),
+    ("/metrics/", "must not be /metrics"),
+    ("/readyz", "must not be /readyz"),
+    ("/v1/models/m/metrics", "must not be under /v1/"),
+    ("/v2", "must not be under /v2/"),
+    ("/v2/metrics", "must not be under /v2/"),
+])
+def test_a_bad_tfserving_metrics_path_is_refused_at_start(clean_env: pytest.MonkeyPatch, raw: str, why: str) -> None:
+    clean_env.setenv("FORKSERVE_TFSERVING_METRICS_PATH", raw)
+    with pytest.raises(ValueError, match=f"^FORKSERVE_TFSERVING_METRICS_PATH {why}"):
+        Settings.from_env()
