@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tritonclient.grpc as triton
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from server.settings import DEFAULT_MAX_BODY_BYTES
@@ -119,7 +119,7 @@ def test_an_unknown_model_s_not_found_passes_through_nginx_with_its_message(flee
     assert re.search(r"ModelInfer HTTP/2\.0\" 200 .* grpc=5 version=-\n", nginx.access_log())
 
 
-def test_the_repository_calls_are_refused_through_nginx(fleet: tuple[Server, Nginx]) -> None:
+def test_the_repository_calls_and_the_config_reload_are_refused_through_nginx(fleet: tuple[Server, Nginx]) -> None:
     """Admin calls: PERMISSION_DENIED through the proxy, answered on the server's own port."""
     server, nginx = fleet
     proxied = triton.InferenceServerClient(nginx.grpc_target)
@@ -134,6 +134,12 @@ def test_the_repository_calls_are_refused_through_nginx(fleet: tuple[Server, Ngi
     finally:
         proxied.close()
         direct.close()
+    with grpc.insecure_channel(nginx.grpc_target) as channel:
+        with pytest.raises(grpc.RpcError) as reload_refused:
+            model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(
+                model_management_pb2.ReloadConfigRequest(), timeout=30)
+    assert reload_refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "not served through this proxy" in reload_refused.value.details()
 
 
 def test_nginx_s_own_failures_reach_clients_as_grpc_statuses(fleet: tuple[Server, Nginx], tmp_path: Path) -> None:

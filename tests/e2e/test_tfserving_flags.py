@@ -58,10 +58,14 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(disk: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     config = disk / "models.config"
     config.write_text(model_config({"half_plus_two": disk / "exports" / "half_plus_two"}))
+    (disk / "batching.txt").write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 1500 }\n"
+                                       "allowed_batch_sizes: 4\nallowed_batch_sizes: 8\n")
+    (disk / "monitoring.txt").write_text('prometheus_config {\n  enable: true\n  path: "/monitoring/prometheus/metrics"\n}\n')
     run_dir = tmp_path_factory.mktemp("tfserving-run")
     instance = Server(disk / "unused", run_dir, tfserving_flags=[
         f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1", "--file_system_poll_wait_seconds=1",
-        "--rest_api_timeout_in_ms=20000"])
+        "--rest_api_timeout_in_ms=20000", "--enable_batching", f"--batching_parameters_file={disk / 'batching.txt'}",
+        f"--monitoring_config_file={disk / 'monitoring.txt'}"])
     instance.start()
     yield instance
     instance.stop()
@@ -109,6 +113,18 @@ def test_the_models_of_the_config_file_serve_to_tf_servings_clients(server: Serv
     assert [(s.version, s.state) for s in statuses.model_version_status] == [(123, 30)]  # AVAILABLE
     assert server.get("/readyz").status_code == 200
     assert "from TF Serving's model config" in server.log()
+
+
+def test_the_batching_and_monitoring_files_apply(server: Server) -> None:
+    config = server.get("/v2/models/half_plus_two/config").json()
+    assert config["max_batch_size"] == 8
+    assert config["dynamic_batching"] == {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 1500,
+                                         "preserve_ordering": False}
+    assert predict(server, "half_plus_two", [0.0]) == [2.0]
+    scraped = server.get("/monitoring/prometheus/metrics")
+    assert scraped.status_code == 200
+    assert ':tensorflow:serving:request_count{model_name="half_plus_two",status="OK"}' in scraped.text
+    assert "forkserve_requests_total" in scraped.text
 
 
 def test_a_poll_of_the_file_adds_a_model_and_a_label(server: Server, disk: Path) -> None:
