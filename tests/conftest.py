@@ -13,6 +13,7 @@ LONGEST_FIRST = (
     "test_rollout",  # 147 s
     "test_grpc_rollout",  # 132
     "test_handlers",  # 105
+    "test_tfserving_flags",  # 105
     "test_validate",  # 90
     "test_repository_control",  # 89
     "test_publish",  # 85
