@@ -48,10 +48,11 @@ RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nolog
 
 # The run directory (worker state, Prometheus multiprocess files) and every scratch path on one
 # writable mount: the root file system can be read-only (deploy/k8s mounts an emptyDir there).
+# No FORKSERVE_CONF: the native mode reads conf/models.toml from the working directory, and the
+# TF Serving mode none unless one is given (its models' settings come from TF Serving's files).
 ENV FORKSERVE_BIND=0.0.0.0:8000 \
     FORKSERVE_GRPC_BIND=0.0.0.0:8500 \
     FORKSERVE_MODELS=/models \
-    FORKSERVE_CONF=/opt/forkserve/conf/models.toml \
     FORKSERVE_RUN_DIR=/run/forkserve \
     TMPDIR=/run/forkserve \
     KERAS_HOME=/run/forkserve/keras \

@@ -211,6 +211,10 @@ def with_model_server_config(config: ServerConfig, defaults: dict[str, Any], mod
     source = copy.deepcopy(config.source)
     source["defaults"] = {**source.get("defaults", {}), **defaults}
     tables = source.setdefault("models", {})
+    for name, table in tables.items():
+        if isinstance(table, dict) and "base_path" in table:
+            raise ConfigError(f"[models.{name}]: base_path does not go with TF Serving's model configuration, "
+                              "which names the served models and their base paths (list the model there)", name)
     for name, table in models.items():
         tables[name] = {**tables.get(name, {}), **table}
     return parse_config(source)

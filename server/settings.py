@@ -276,6 +276,7 @@ class Settings:
     tfserving_defaults: dict = field(default_factory=dict)  # FORKSERVE_TFSERVING_DEFAULTS: a JSON [defaults] table
     tfserving_labels_for_unavailable: bool = False  # FORKSERVE_TFSERVING_LABELS_FOR_UNAVAILABLE_MODELS
     warmup_records: bool = True  # FORKSERVE_WARMUP_RECORDS: replay assets.extra/tf_serving_warmup_requests (0: skip)
+    new_versions: bool = True  # FORKSERVE_NEW_VERSIONS: look for new version directories (0: a model's versions when first seen)
 
     @property
     def tfserving(self) -> bool:
@@ -355,6 +356,7 @@ class Settings:
             tfserving_defaults=_json_table("FORKSERVE_TFSERVING_DEFAULTS"),
             tfserving_labels_for_unavailable=_env_flag("FORKSERVE_TFSERVING_LABELS_FOR_UNAVAILABLE_MODELS", "0"),
             warmup_records=_env_flag("FORKSERVE_WARMUP_RECORDS"),
+            new_versions=_env_flag("FORKSERVE_NEW_VERSIONS"),
         )
 
     @classmethod

@@ -23,7 +23,6 @@ from server.config import ConfigError
 from server.protocols.tfserving import config_files
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (or image directory) holding gunicorn.conf.py
-NEVER = 86400.0  # seconds between repository scans standing for TF Serving's "poll once" (0)
 
 
 class FlagError(ValueError):
@@ -110,7 +109,7 @@ CHANNEL_ARGUMENTS = {
 def parse_flags(argv: list[str]) -> dict[str, Any]:
     """TF Serving's flags with its defaults; FlagError for one forkserve does not take (NO_EFFECT ones are noted)."""
     values = {name: flag.default for name, flag in TAKEN.items()}
-    values["_no_effect"] = []
+    values["_no_effect"], values["_given"] = [], set()
     for arg in argv:
         if not arg.startswith("--"):
             raise FlagError(f"unknown argument: {arg} (flags are --name=value)")
@@ -124,7 +123,8 @@ def parse_flags(argv: list[str]) -> dict[str, Any]:
         if flag is None:
             raise FlagError(f"unknown flag --{name}: not a tensorflow_model_server flag forkserve knows "
                             "(python -m server tfserving --help lists them)")
-        values[name] = _value(name, flag, raw if equals else None)
+        values[name] = _value(name, flag, raw if equals else None)  # NOTE: a flag given twice: the last wins, as in TF Serving
+        values["_given"].add(name)
     return values
 
 
@@ -152,11 +152,14 @@ def environment(flags: dict[str, Any], given: dict[str, str]) -> tuple[dict[str,
     _refuse_settings_that_change_answers(flags)
     _ports(flags, env, notes)
     _models(flags, env, notes)
-    defaults: dict[str, Any] = {"request_timeout_s": flags["rest_api_timeout_in_ms"] / 1000.0}
-    if flags["rest_api_timeout_in_ms"] <= 0:
-        raise FlagError(f"--rest_api_timeout_in_ms must be positive, got {flags['rest_api_timeout_in_ms']}")
+    defaults: dict[str, Any] = {}
+    if "rest_api_timeout_in_ms" in flags["_given"]:  # NOTE: TF Serving's default is forkserve's (30 s): models.toml's stays
+        if flags["rest_api_timeout_in_ms"] <= 0:
+            raise FlagError(f"--rest_api_timeout_in_ms must be positive, got {flags['rest_api_timeout_in_ms']}")
+        defaults["request_timeout_s"] = flags["rest_api_timeout_in_ms"] / 1000.0
     defaults.update(_batching(flags, notes))
     env["FORKSERVE_TFSERVING_DEFAULTS"] = json.dumps(defaults)
+    env.pop("FORKSERVE_TFSERVING_METRICS_PATH", None)  # NOTE: the monitoring file alone decides, as in TF Serving
     if flags["monitoring_config_file"]:
         path = _read_text(flags["monitoring_config_file"], "--monitoring_config_file")
         metrics_path = _config(config_files.prometheus_path, path)
@@ -236,6 +239,9 @@ def _models(flags: dict[str, Any], env: dict[str, str], notes: list[str]) -> Non
             raise FlagError("--model_config_file_poll_wait_seconds must not be negative")
         env["FORKSERVE_TFSERVING_MODEL_CONFIG_POLL"] = str(flags["model_config_file_poll_wait_seconds"])
     elif flags["model_base_path"]:
+        text = config_files.single_model_config(flags["model_name"], flags["model_base_path"])
+        _config(lambda raw, where: config_files.model_tables(config_files.model_server_config(raw, where), where),
+                text.encode(), "--model_name/--model_base_path")
         env["FORKSERVE_TFSERVING_MODEL"] = f"{flags['model_name']}={flags['model_base_path']}"
     else:
         raise FlagError("Both server_options.model_base_path and server_options.model_config_file are empty! "
@@ -243,9 +249,10 @@ def _models(flags: dict[str, Any], env: dict[str, str], notes: list[str]) -> Non
     wait = flags["file_system_poll_wait_seconds"]
     if wait < 0:
         raise FlagError(f"--file_system_poll_wait_seconds must not be negative, got {wait}")
-    env["FORKSERVE_POLL_INTERVAL"] = str(wait if wait else NEVER)
-    if not wait:
-        notes.append("--file_system_poll_wait_seconds=0: the versions found at start are served; new ones are not looked for")
+    if wait:
+        env["FORKSERVE_POLL_INTERVAL"] = str(wait)
+    else:  # NOTE: the master's passes go on (the config file's polls, reloads, TLS): only new versions are not looked for
+        env["FORKSERVE_NEW_VERSIONS"] = "0"
 
 
 def _batching(flags: dict[str, Any], notes: list[str]) -> dict[str, Any]:

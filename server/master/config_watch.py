@@ -76,8 +76,8 @@ class ConfigWatch:
                 self._report(False)
             self._layer_problem = problem
             return self.accepted
-        if self._layer_problem is not None and problem is None:
-            self._report(True)
+        if problem != self._layer_problem:  # NOTE: the source logged it; forkserve_config_last_reload_successful says it
+            self._report(problem is None)
         self._layer_problem = problem
         self.accepted = composed
         return composed

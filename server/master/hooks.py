@@ -125,7 +125,7 @@ def when_ready(server: Any) -> None:
     knobs = RolloutSettings(
         poll_interval=settings.poll_interval, boot_timeout=settings.boot_timeout,
         graceful_timeout=server.cfg.graceful_timeout, attempts=settings.rollout_attempts,
-        backoff=settings.rollout_backoff,
+        backoff=settings.rollout_backoff, new_versions=settings.new_versions,
     )
     _controller = RolloutController(
         Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config, settings,

@@ -59,9 +59,10 @@ ChangeReport = Callable[[VersionSource, str], bool]
 class SettledScanner:
     """Scans the repository; reports new versions once settled, and keeps settled ones."""
 
-    def __init__(self, models_dir: Path | None, report_change: ChangeReport | None = None) -> None:
+    def __init__(self, models_dir: Path | None, report_change: ChangeReport | None = None, new_versions: bool = True) -> None:
         self.models_dir = models_dir
         self._report_change = report_change
+        self._first_seen: dict[str, set[Path]] | None = None if new_versions else {}  # per model, its versions then
         self._seen: dict[Path, DirectoryFiles] = {}  # every version directory at the last poll
         self._settled: dict[Path, DirectoryFiles] = {}  # settled directories, as they were when reported
         self._unsettled_since: dict[Path, float] = {}  # directories seen but not settled: since when (monotonic)
@@ -75,7 +76,7 @@ class SettledScanner:
         A model whose only versions are still changing is left out (it has nothing to serve yet);
         a model directory without versions is kept, empty.
         """
-        found = scan(self.models_dir, config)
+        found = self._only_first_seen(scan(self.models_dir, config))
         seen: dict[Path, DirectoryFiles] = {}
         settled: dict[str, list[VersionSource]] = {}
         for name, sources in found.items():
@@ -92,6 +93,14 @@ class SettledScanner:
         self._unsettled_since = {path: self._unsettled_since.get(path, now) for path in seen if path not in self._settled}
         self._seen = seen
         return settled
+
+    def _only_first_seen(self, found: dict[str, list[VersionSource]]) -> dict[str, list[VersionSource]]:
+        """Without new versions (TF Serving's --file_system_poll_wait_seconds=0): each model's versions when first seen."""
+        if self._first_seen is None:
+            return found
+        for name, sources in found.items():
+            self._first_seen.setdefault(name, {source.path for source in sources})
+        return {name: [s for s in sources if s.path in self._first_seen[name]] for name, sources in found.items()}
 
     def unsettled_for(self) -> float:
         """Seconds the oldest directory still changing has been seen (0 when every directory settled)."""

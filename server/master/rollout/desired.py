@@ -33,13 +33,14 @@ class DesiredState:
     """Configuration + settled repository - failed versions -> the target; written to target.json on demand."""
 
     def __init__(self, models_dir: Path | None, conf_path: Path, config: ServerConfig, run_dir: Path,
-                 ledger: FailureLedger, poll_interval: float, model_server: ModelServerConfigSource | None = None) -> None:
+                 ledger: FailureLedger, poll_interval: float, model_server: ModelServerConfigSource | None = None,
+                 new_versions: bool = True) -> None:
         self.run_dir = run_dir
         self.ledger = ledger
         self.poll_interval = poll_interval
         self.config = ConfigWatch(conf_path, config, lambda ok: record_metric(
             lambda m: m.CONFIG_LAST_RELOAD_SUCCESSFUL.set(1 if ok else 0)), model_server)
-        self.scanner = SettledScanner(models_dir, self._settled_version_changed)
+        self.scanner = SettledScanner(models_dir, self._settled_version_changed, new_versions)
         self.settled: dict[str, list[VersionSource]] = {}
         self.unservable: dict[str, str] = {}  # models left out of the target, with why (the last compute)
         self._told: set[tuple[str, ...]] = set()  # repository and settings problems logged once each

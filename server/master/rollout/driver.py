@@ -42,6 +42,7 @@ class RolloutSettings:
     graceful_timeout: float
     attempts: int = 3
     backoff: float = 5.0
+    new_versions: bool = True  # look for new version directories (False: the versions a model had when first seen)
 
 
 class RollingRestart:

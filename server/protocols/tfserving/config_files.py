@@ -92,8 +92,8 @@ def _model_table(model: Any, where: str) -> dict[str, Any]:
         table["version_policy"], table["versions"] = "specific", sorted(set(int(v) for v in policy.specific.versions))
     else:  # latest, and TF Serving's default: the newest version
         table["version_policy"], table["latest"] = "latest", max(1, int(policy.latest.num_versions)) if choice else 1
-    if model.version_labels:
-        table["labels"] = {label: int(version) for label, version in sorted(model.version_labels.items())}
+    # NOTE: always set, empty too: TF Serving's file decides the labels, never models.toml's table under it
+    table["labels"] = {label: int(version) for label, version in sorted(model.version_labels.items())}
     return table
 
 

@@ -56,7 +56,7 @@ def test_a_model_config_file_is_checked_and_wins_over_model_name(tmp_path: Path,
                          "--enable_model_warmup=false", "--num_load_threads=4")
     settings = settings_from(env, monkeypatch)
     assert (settings.tfserving_model_config, settings.tfserving_model, settings.tfserving_model_config_poll) == (config, None, 30.0)
-    assert settings.tfserving_defaults == {"request_timeout_s": 30.0, "max_batch_size": 8, "max_batch_delay_ms": 1.0}
+    assert settings.tfserving_defaults == {"max_batch_size": 8, "max_batch_delay_ms": 1.0}  # models.toml's timeout stays
     assert env["FORKSERVE_TFSERVING_METRICS_PATH"] == "/monitoring/prometheus/metrics"
     assert settings.tfserving_labels_for_unavailable and not settings.warmup_records
     assert any("--model_name and --model_base_path are ignored" in note for note in notes)
@@ -68,8 +68,16 @@ def test_batching_parameters_without_enable_batching_are_noted_not_applied(tmp_p
     batching = tmp_path / "batching.txt"
     batching.write_text("max_batch_size { value: 8 }")
     env, notes = env_for("--model_base_path=/m/x", f"--batching_parameters_file={batching}")
-    assert json.loads(env["FORKSERVE_TFSERVING_DEFAULTS"]) == {"request_timeout_s": 30.0}
+    assert json.loads(env["FORKSERVE_TFSERVING_DEFAULTS"]) == {}
     assert any("has no effect without --enable_batching" in note for note in notes)
+
+
+def test_the_last_of_a_repeated_flag_wins_and_poll_once_keeps_the_versions_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    env, _ = env_for("--model_base_path=/m/a", "--port=9000", "--port=9001", "--file_system_poll_wait_seconds=0",
+                     given={"FORKSERVE_TFSERVING_METRICS_PATH": "/stale"})
+    settings = settings_from(env, monkeypatch)
+    assert settings.grpc_bind == "0.0.0.0:9001" and not settings.new_versions and settings.poll_interval == 2.0
+    assert settings.tfserving_metrics_path == ""  # only the monitoring file turns TF Serving's path on
 
 
 def test_rest_port_zero_keeps_the_rest_api_on_loopback_only() -> None:
@@ -101,6 +109,8 @@ def test_an_existing_models_toml_is_kept_else_none_is_read() -> None:
     (["--model_base_path=/m", "--grpc_channel_arguments=grpc.keepalive_time_ms=1"], "'grpc.keepalive_time_ms=1' is not taken"),
     (["--model_base_path=/m", "--file_system_poll_wait_seconds=-1"], "must not be negative"),
     (["--model_config_file=/nonexistent/models.config"], "--model_config_file=/nonexistent/models.config: cannot read it"),
+    (["--model_base_path=models/half"], "Expected model default to have an absolute path or URI; got base_path()=models/half"),
+    (["--model_base_path=/m", "--rest_api_timeout_in_ms=0"], "--rest_api_timeout_in_ms must be positive"),
 ])
 def test_what_cannot_be_honoured_stops_with_one_line(argv: list[str], message: str) -> None:
     with pytest.raises(FlagError) as refused:

@@ -52,6 +52,22 @@ def test_a_malformed_or_missing_file_keeps_the_last_good_models(tmp_path: Path) 
     assert set(poll(source)) == {"a"} and source.problem == ""
 
 
+def test_a_malformed_poll_is_reported_as_a_failed_reload(tmp_path: Path) -> None:
+    path = tmp_path / "models.config"
+    source = polled(path, config_text(("a", "")))
+    reports: list[bool] = []
+    watch = ConfigWatch(tmp_path / "none.toml", ServerConfig(), reports.append, model_server=source)
+    path.write_text("model_config_list {")
+    for _ in range(2):
+        time.sleep(0.002)
+        watch.refresh()
+    assert reports == [True, False] and set(watch.accepted.models) == {"a"}
+    path.write_text(config_text(("a", "")))
+    time.sleep(0.002)
+    watch.refresh()
+    assert reports == [True, False, True] and watch.problem is None
+
+
 def test_the_file_is_read_once_when_the_poll_is_zero(tmp_path: Path) -> None:
     path = tmp_path / "models.config"
     path.write_text(config_text(("a", "")))
@@ -72,7 +88,7 @@ def test_labels_name_only_served_versions_unless_allowed_as_tf_serving_does(tmp_
     source = polled(path, config_text(("a", "")))
     path.write_text(labelled)
     poll(source)
-    assert "labels" not in poll(source)["a"] and "version 2 of model a" in source.problem
+    assert poll(source)["a"]["labels"] == {} and "version 2 of model a" in source.problem
     poll(source, {("a", 2)})
     assert poll(source, {("a", 2)})["a"]["labels"] == {"stable": 2}  # read again: taken once version 2 serves
 
@@ -95,17 +111,20 @@ def test_a_reload_keeps_the_dropped_models_until_it_settles(tmp_path: Path) -> N
 
 def test_the_watch_composes_models_toml_under_the_model_config_and_reports_a_clash(tmp_path: Path) -> None:
     conf = tmp_path / "models.toml"
-    conf.write_text("[models.a]\nmax_batch_size = 8\n")
+    conf.write_text("[models.a]\nmax_batch_size = 8\nlabels = { old = 1 }\n")
     path = tmp_path / "models.config"
     source = polled(path, config_text(("a", "")))
     from server.config import load_config
 
     watch = ConfigWatch(conf, load_config(conf), model_server=source)
     model = watch.accepted.for_model("a")
-    assert (model.base_path, model.max_batch_size) == ("/m/a", 8)
+    assert (model.base_path, model.max_batch_size, model.labels) == ("/m/a", 8, {})  # TF Serving's file decides labels
     conf.write_text("[models.a]\nmax_batch_size = 8\nallowed_batch_sizes = [4, 16]\n")  # does not end with 8
     watch.refresh()
     assert watch.refresh().for_model("a").max_batch_size == 8 and watch.problem is not None
     conf.write_text("[models.a]\nmax_batch_size = 4\n")
     watch.refresh()
     assert watch.refresh().for_model("a").max_batch_size == 4 and watch.problem is None
+    conf.write_text("[models.b]\nbase_path = '/m/b'\n")  # a model TF Serving's file does not list
+    watch.refresh()
+    assert "b" not in watch.refresh().models and "base_path does not go with" in watch.problem.message

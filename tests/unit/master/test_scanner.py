@@ -105,3 +105,13 @@ def test_the_content_digest_reads_bytes_but_never_blocks_on_a_fifo(tmp_path: Pat
     os.mkfifo(directory / "variables.index")  # a load would block on it; the master's digest must not
     scanner.scan()
     assert len(scanner.content_digest(directory)) == 16
+
+
+def test_without_new_versions_each_model_keeps_the_versions_it_had_when_first_seen(tmp_path: Path) -> None:
+    version(tmp_path, "a", 1)
+    scanner = SettledScanner(tmp_path, new_versions=False)  # TF Serving's --file_system_poll_wait_seconds=0
+    assert versions(scanner.scan(trust_all=True)) == {"a": [1]}
+    version(tmp_path, "a", 2)
+    version(tmp_path, "b", 5)
+    scanner.scan()
+    assert versions(scanner.scan()) == {"a": [1], "b": [5]}  # a model seen later: its versions then

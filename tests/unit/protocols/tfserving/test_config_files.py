@@ -43,9 +43,9 @@ def test_each_version_policy_and_labels_become_the_models_table() -> None:
     }"""
     assert tables(text) == {
         "a": {"base_path": "/models/a", "version_policy": "specific", "versions": [1, 2], "labels": {"canary": 2, "stable": 1}},
-        "b": {"base_path": "/models/b", "version_policy": "latest", "latest": 3},
-        "c": {"base_path": "/models/c", "version_policy": "all"},
-        "d": {"base_path": "/models/d", "version_policy": "latest", "latest": 1},  # TF Serving's default: the newest
+        "b": {"base_path": "/models/b", "version_policy": "latest", "latest": 3, "labels": {}},
+        "c": {"base_path": "/models/c", "version_policy": "all", "labels": {}},
+        "d": {"base_path": "/models/d", "version_policy": "latest", "latest": 1, "labels": {}},  # TF Serving's default
     }
 
 
@@ -93,7 +93,7 @@ def test_a_file_that_is_not_utf8_is_named() -> None:
 
 def test_the_single_model_config_is_tf_servings_and_reads_back() -> None:
     text = config_files.single_model_config("half", "/models/half")
-    assert tables(text) == {"half": {"base_path": "/models/half", "version_policy": "latest", "latest": 1}}
+    assert tables(text) == {"half": {"base_path": "/models/half", "version_policy": "latest", "latest": 1, "labels": {}}}
 
 
 def test_batching_parameters_map_to_the_defaults_and_name_what_has_no_equivalent() -> None:
