@@ -14,6 +14,7 @@ IMAGE_SCALES = ("unit", "symmetric", "none")
 RESIZE_METHODS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 IMAGE_MODES = ("L", "RGB", "RGBA")
 VERSION_POLICIES = ("latest", "all", "specific")
+SYSTEM_PATHS = ("/proc", "/sys", "/dev")  # never model directories; their files lie about their size (the master reads them)
 
 
 class ConfigError(ValueError):
@@ -22,6 +23,12 @@ class ConfigError(ValueError):
     def __init__(self, message: str, model: str | None = None) -> None:
         super().__init__(message)
         self.model = model  # the model whose table is wrong; None: the whole file (every model)
+
+
+def _under_system_paths(path: str) -> bool:
+    """`path` is one of SYSTEM_PATHS or under one (a base_path that would make the master read kernel files)."""
+    normal = os.path.normpath(path) if path else ""
+    return any(normal == root or normal.startswith(root + "/") for root in SYSTEM_PATHS)
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class ModelConfig:
             (self.max_image_pixels >= 1, "max_image_pixels must be >= 1"),
             (0 <= self.payload_log_sample <= 1, "payload_log.sample must be between 0 and 1"),
             (not self.base_path or os.path.isabs(self.base_path), f"base_path must be an absolute path, got {self.base_path!r}"),
+            (not _under_system_paths(self.base_path), f"base_path must not be under {', '.join(SYSTEM_PATHS)}, got {self.base_path!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -30,7 +30,8 @@ INDEX = "repository.json"
 RELOAD_CONFIG = "reload_config"  # TF Serving's HandleReloadConfigRequest: override {"model_config": its text form}
 ACTIONS = ("load", "unload", RELOAD_CONFIG)
 REQUEST_NAME = re.compile(r"^[0-9]{20}-[0-9]+-[0-9a-f]{8}\.json$")  # anything else in the directory is not ours
-MAX_FILE_BYTES = 4 * 1024 * 1024  # a request holds a config of at most 64 KiB; the index, a line per model
+MAX_FILE_BYTES = 4 * 1024 * 1024  # a request holds a load's config (64 KiB at most) or a reload's; the index, a line per model
+MAX_REQUEST_CONFIG_BYTES = MAX_FILE_BYTES - 64 * 1024  # a reload's ModelServerConfig, JSON-encoded (the rest: the request)
 
 # Worker: set by server.worker.gthread once this worker stopped accepting connections for good (a retiring
 # worker's load or unload call answers then: server.dataplane.repository). NOTE: here, in the core, because

@@ -149,6 +149,8 @@ def _value(name: str, flag: Flag, raw: str | None) -> Any:
 def environment(flags: dict[str, Any], given: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """(forkserve's environment for these flags over `given`, notes for stderr); FlagError for what cannot be served."""
     env, notes = dict(given), list(flags["_no_effect"])
+    for name in ("FORKSERVE_WARMUP_RECORDS", "FORKSERVE_TFSERVING_LABELS_FOR_UNAVAILABLE_MODELS", "FORKSERVE_NEW_VERSIONS"):
+        env.pop(name, None)  # NOTE: the flags alone decide these, not a variable left in the environment
     _refuse_settings_that_change_answers(flags)
     _ports(flags, env, notes)
     _models(flags, env, notes)
@@ -182,7 +184,6 @@ def environment(flags: dict[str, Any], given: dict[str, str]) -> tuple[dict[str,
     if not flags["enable_grpc_healthcheck_service"] and flags["port"]:
         notes.append("the standard gRPC health service (grpc.health.v1.Health) is always on in forkserve")
     env.setdefault("FORKSERVE_CONF", os.devnull)  # NOTE: TF Serving's files are the configuration; models.toml only when given
-    env.setdefault("FORKSERVE_STRICT_READINESS", "1")  # NOTE: as TF Serving, which opens its ports once every model loaded
     return env, notes
 
 
@@ -281,6 +282,9 @@ def _channel_arguments(raw: str, env: dict[str, str]) -> None:
             number = int(value)
         except ValueError:
             raise FlagError(f"--grpc_channel_arguments: {name} takes an integer, got {value!r}") from None
+        if number <= 0:
+            raise FlagError(f"--grpc_channel_arguments: {name} must be positive in forkserve, got {number} "
+                            "(every limit and age has a value here)")
         env[variable] = str(number * unit if unit else number)
 
 

@@ -9,6 +9,7 @@ it without a thread. Each call is logged, with the client's address and its answ
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import Any
 from server import control
 from server.dataplane.requests import model_address
 from server.config import ConfigError
-from server.errors import ApiError, FailedPrecondition, InvalidArgument, Unknown
+from server.errors import ApiError, FailedPrecondition, InvalidArgument, ResourceExhausted, Unknown
 from server.models.flow import Steps, Wait
 from server.models.registry import ModelRegistry
 from server.models.reply import Reply, ReplyTimeout
@@ -176,6 +177,9 @@ def reload_config(settings: Settings, model_config: str, peer: str) -> Steps[str
         config_files.model_tables(parsed, "config")
     except ConfigError as exc:
         raise InvalidArgument(str(exc)) from None
+    if len(json.dumps(model_config)) > control.MAX_REQUEST_CONFIG_BYTES:  # NOTE: as the master will read it back
+        raise ResourceExhausted(f"the configuration is larger than {control.MAX_REQUEST_CONFIG_BYTES // 1024} KiB "
+                                "as forkserve stores it; serve that many models from several servers")
     ok, message = yield from _ask_master(settings, control.RELOAD_CONFIG, "", {"model_config": model_config}, peer,
                                          "reload of the model configuration")
     if not ok:

@@ -58,6 +58,15 @@ class ConfigWatch:
         self.model_server.refresh(serving or set())
         return self.compose(config)
 
+    def composable(self) -> str:
+        """Why models.toml cannot go under TF Serving's models as they are now ("" when it can)."""
+        assert self.model_server is not None
+        try:
+            self.model_server.compose(self._file_config)
+        except ConfigError as exc:
+            return str(exc)
+        return ""
+
     @property
     def problem(self) -> ConfigProblem | None:
         """What is wrong with models.toml, else with TF Serving's model configuration, now."""

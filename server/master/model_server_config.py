@@ -61,8 +61,8 @@ class ModelServerConfigSource:
 
     def refresh(self, serving: set[tuple[str, int]]) -> Tables:
         """Poll the file when due; a change is taken once two reads agree and its labels pass TF Serving's rule."""
-        if self.path is None or self.poll_seconds <= 0 or time.monotonic() < self._next_read:
-            return self.tables
+        if self.path is None or self.poll_seconds <= 0 or time.monotonic() < self._next_read or self._before is not None:
+            return self.tables  # NOTE: never during a reload: its call is answered by what it asked for
         try:
             raw = read_config_bytes(self.path)
         except ConfigError as exc:

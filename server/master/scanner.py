@@ -62,7 +62,8 @@ class SettledScanner:
     def __init__(self, models_dir: Path | None, report_change: ChangeReport | None = None, new_versions: bool = True) -> None:
         self.models_dir = models_dir
         self._report_change = report_change
-        self._first_seen: dict[str, set[Path]] | None = None if new_versions else {}  # per model, its versions then
+        # per model and directory (a reload may move a model): its versions when first seen; None: new versions are looked for
+        self._first_seen: dict[tuple[str, Path], set[Path]] | None = None if new_versions else {}
         self._seen: dict[Path, DirectoryFiles] = {}  # every version directory at the last poll
         self._settled: dict[Path, DirectoryFiles] = {}  # settled directories, as they were when reported
         self._unsettled_since: dict[Path, float] = {}  # directories seen but not settled: since when (monotonic)
@@ -99,8 +100,10 @@ class SettledScanner:
         if self._first_seen is None:
             return found
         for name, sources in found.items():
-            self._first_seen.setdefault(name, {source.path for source in sources})
-        return {name: [s for s in sources if s.path in self._first_seen[name]] for name, sources in found.items()}
+            for directory in {source.path.parent for source in sources}:
+                self._first_seen.setdefault((name, directory), {s.path for s in sources if s.path.parent == directory})
+        return {name: [s for s in sources if s.path in self._first_seen[(name, s.path.parent)]]
+                for name, sources in found.items()}
 
     def unsettled_for(self) -> float:
         """Seconds the oldest directory still changing has been seen (0 when every directory settled)."""
@@ -159,8 +162,10 @@ def digest_files(path: Path, files: DirectoryFiles) -> str:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     digest.update(f"not a regular file: {stat.S_IFMT(os.fstat(fd).st_mode)}".encode())
                     continue
-                while chunk := handle.read(1 << 20):
+                left = size  # NOTE: at most the size the poll saw: a file of /proc says 0 and never ends
+                while left > 0 and (chunk := handle.read(min(left, 1 << 20))):
                     digest.update(chunk)
+                    left -= len(chunk)
         except OSError as exc:
             digest.update(f"unreadable: {exc.errno}".encode())
     return digest.hexdigest()[:16]

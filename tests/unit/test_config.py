@@ -238,3 +238,10 @@ def test_a_base_path_is_an_absolute_directory_of_a_named_model(data: dict, messa
     with pytest.raises(ConfigError, match=message):
         parse_config(data)
     assert parse_config({"models": {"m": {"base_path": "/srv/m"}}}).for_model("m").base_path == "/srv/m"
+
+
+@pytest.mark.parametrize("base_path", ["/proc", "/proc/1", "/sys/kernel", "/dev/shm/m", "/proc/../proc/self"])
+def test_a_base_path_under_the_kernels_directories_is_refused(base_path: str) -> None:
+    with pytest.raises(ConfigError, match="base_path must not be under /proc, /sys, /dev"):
+        parse_config({"models": {"m": {"base_path": base_path}}})
+    assert parse_config({"models": {"m": {"base_path": "/procedures/m"}}}).for_model("m").base_path == "/procedures/m"

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from server import control
-from server.config import ConfigError, ServerConfig, with_overrides
+from server.config import ConfigError, ModelConfig, ServerConfig, with_overrides
 from server.control import ControlRequest
 from server.master.model_server_config import ModelServerConfigSource
 from server.repository import is_model_name, model_dir
@@ -32,9 +32,11 @@ class ModelControl:
     """The loaded set (explicit mode), the calls of one pass, and the index the workers answer from."""
 
     def __init__(self, run_dir: Path, models_dir: Path | None, mode: str, startup: tuple[str, ...],
-                 model_server: ModelServerConfigSource | None = None) -> None:
+                 model_server: ModelServerConfigSource | None = None, composable: Callable[[], str] = lambda: "") -> None:
         self.run_dir = run_dir
         self.model_server = model_server  # TF Serving's model configuration: HandleReloadConfigRequest replaces it
+        self._composable = composable  # why models.toml cannot go under the models now ("" when it can)
+        self._queued: set[str] = set()  # reloads waiting for the one in progress (taken: they wake no pass)
         self.models_dir = models_dir
         self.explicit = mode == "explicit"
         self.mode = mode
@@ -59,9 +61,10 @@ class ModelControl:
         control.drop_stale_answers(self.run_dir, STALE_ANSWER_SECONDS)
         taken = self.taken()
         for request in control.pending(self.run_dir):
-            if request.id in taken:  # NOTE: taken by an earlier pass that is not over (a rollout held for a copy)
-                continue
-            log.info("forkserve: %s asked by worker %d (request %s)", _call(request), request.pid, request.id)
+            if request.id in taken and request.id not in self._queued:  # NOTE: taken by an earlier pass that is not
+                continue  # over (a rollout held for a copy)
+            if request.id not in self._queued:
+                log.info("forkserve: %s asked by worker %d (request %s)", _call(request), request.pid, request.id)
             if request.action == control.RELOAD_CONFIG:
                 self._take_reload(request, serving or set())
                 continue
@@ -85,11 +88,18 @@ class ModelControl:
                                          "(python -m server tfserving --model_config_file=...)")
             return
         if any(call.action == control.RELOAD_CONFIG for call in self.calls):
-            return  # NOTE: left waiting: the next pass takes it, once this reload is settled
+            self._queued.add(request.id)  # NOTE: taken once this reload is settled; meanwhile it wakes no pass
+            return
+        self._queued.discard(request.id)
         try:
             tables = self.model_server.replace(str(request.override.get("model_config", "")), serving)
         except ConfigError as exc:
             self._answer(request, False, str(exc))
+            return
+        clash = self._composable()
+        if clash:
+            self.model_server.settle(False)
+            self._answer(request, False, f"the configuration does not apply: {clash}")
             return
         log.info("forkserve: reload of the model configuration (request %s): serving %s", request.id,
                  ", ".join(sorted(tables)) or "no model")
@@ -115,8 +125,8 @@ class ModelControl:
         return {request.pid for request in self.calls}
 
     def taken(self) -> set[str]:
-        """Ids of the calls taken and not yet answered."""
-        return {request.id for request in self.calls}
+        """Ids of the calls taken and not yet answered (queued reloads too)."""
+        return {request.id for request in self.calls} | self._queued
 
     def holding_untaken(self) -> set[int]:
         """Workers holding a call that arrived after this pass took its own: the rollout leaves them to the next pass.
@@ -147,13 +157,15 @@ class ModelControl:
         self._unservable = {**self._unservable, **unservable}
         for request in list(self.calls):
             why = unservable.get(request.model) or detail or "the workers did not take it up"
+            if request.action == control.RELOAD_CONFIG:
+                why = detail or "the workers did not take it up"
             self._settle(request, current, why)
         self._before.clear()
 
     def _settle(self, request: ControlRequest, target: Target, why: str, retiring: bool = False) -> None:
         """Answer one call: done when `target` serves (load) or leaves out (unload) its model, or every model (reload)."""
         if request.action == control.RELOAD_CONFIG:
-            self._settle_reload(request, target, retiring)
+            self._settle_reload(request, target, why, retiring)
             return
         served = request.model in target.models
         if request.action == "load" and served:
@@ -171,16 +183,35 @@ class ModelControl:
         else:
             self._answer(request, False, f"failed to unload '{request.model}': {why}")
 
-    def _settle_reload(self, request: ControlRequest, target: Target, retiring: bool) -> None:
-        """A reload is done when every model it names serves; else the configuration before it returns."""
+    def _settle_reload(self, request: ControlRequest, target: Target, why: str, retiring: bool) -> None:
+        """A reload is done when `target` serves every model it names as it names it; else the configuration before returns.
+
+        NOTE: as it names it (base_path, versions, labels): a rollout that gave up leaves the old
+        target, in which a changed model still serves as it was.
+        """
         assert self.model_server is not None
-        missing = {name: target.unservable.get(name) or self._unservable.get(name) or "the workers did not take it up"
-                   for name in self.model_server.tables if not target.intended().get(name)}
+        missing = {}
+        for name, table in self.model_server.tables.items():
+            if not target.intended().get(name):
+                missing[name] = target.unservable.get(name) or self._unservable.get(name) or why
+            elif not _configured_as(target.config.for_model(name), table):
+                missing[name] = why
         self.model_server.settle(not missing)
         if missing:
-            self._answer(request, False, "; ".join(f"failed to load model {name}: {why}" for name, why in sorted(missing.items())))
+            self._answer(request, False, "; ".join(f"failed to load model {name}: {reason}"
+                                                   for name, reason in sorted(missing.items())))
         else:
             self._answer(request, True, f"serving {', '.join(sorted(self.model_server.tables)) or 'no model'}", retiring)
+
+    def refuse_hopeless_reloads(self, desired: Target) -> bool:
+        """Answer before any rollout a reload whose new models cannot be served at all (no version directory...)."""
+        refused = False
+        for request in [r for r in self.calls if r.action == control.RELOAD_CONFIG]:
+            assert self.model_server is not None
+            if any(name in desired.unservable for name in self.model_server.tables):
+                self._settle_reload(request, desired, "", False)
+                refused = True
+        return refused
 
     def _answer(self, request: ControlRequest, ok: bool, message: str, retiring: bool = False) -> None:
         """Write the answer for the waiting worker, and log it."""
@@ -227,3 +258,8 @@ def _call(request: ControlRequest) -> str:
     if request.action == control.RELOAD_CONFIG:
         return "reload of the model configuration"
     return f"{request.action} of model {request.model!r}"
+
+
+def _configured_as(config: ModelConfig, table: dict[str, Any]) -> bool:
+    """A model's settings in a target hold what its TF Serving table says (base_path, version policy, labels)."""
+    return all((tuple(value) if isinstance(value, list) else value) == getattr(config, key) for key, value in table.items())

@@ -58,7 +58,8 @@ class RolloutController:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self.driver = RollingRestart(fleet, run_dir, knobs, self.desired, self.ledger, self.exits, self._stopping)
-        self.control = ModelControl(run_dir, models_dir, model_control, load_models, model_server)
+        self.control = ModelControl(run_dir, models_dir, model_control, load_models, model_server,
+                                    self.desired.config.composable if model_server is not None else lambda: "")
         self.driver.before_retire = self.control.before_retire
         self.driver.holding = self.control.holding_untaken
         self._last_pass = 0.0  # monotonic start of the last pass
@@ -167,6 +168,8 @@ class RolloutController:
         reason = ("reload" if forced else "TLS certificate changed" if renewed else
                   "load or unload called" if self.control.calls else "repository or configuration changed")
         desired = self.desired.compute(reason, self._serving(workers), loaded=self.control.selection())
+        if self.control.refuse_hopeless_reloads(desired):  # NOTE: no rollout there and back for a model without versions
+            desired = self.desired.compute(reason, self._serving(workers), loaded=self.control.selection())
         forced = forced or renewed
         if not forced and desired.generation == self.current.generation \
                 and not workers.stragglers(self.current.generation, self._given_up):

@@ -145,7 +145,8 @@ class DesiredState:
             for entry, why in self._stray(config, name).items():
                 self._tell_once(("stray", name, entry, why), "forkserve: model %s: %s %s", name, entry, why)
         root = self.scanner.models_dir
-        for name in sorted(n for n in set(config.models) - set(self.settled) if root is None or not is_dir(root / n)):
+        for name in sorted(n for n in set(config.models) - set(self.settled)
+                           if not config.for_model(n).base_path and (root is None or not is_dir(root / n))):
             self._tell_once(("settings", name, self.config.path.name),
                             "forkserve: %s has settings for model %s, but the repository has no model %s "
                             "(renamed or removed?); they apply to nothing", self.config.path, name, name)

@@ -78,6 +78,8 @@ def _model_table(model: Any, where: str) -> dict[str, Any]:
     if not model.base_path.startswith("/"):
         raise ConfigError(f"{where}: Expected model {name} to have an absolute path or URI; "
                           f"got base_path()={model.base_path}", name)
+    if not policy_versions_positive(model):
+        raise ConfigError(f"{where}: model {name}: versions and version labels must name versions >= 1", name)
     if model.HasField("logging_config"):
         raise ConfigError(f"{where}: model {name}: logging_config is not supported: forkserve logs requests with "
                           "FORKSERVE_PAYLOAD_LOG (docs/observability.md)", name)
@@ -95,6 +97,12 @@ def _model_table(model: Any, where: str) -> dict[str, Any]:
     # NOTE: always set, empty too: TF Serving's file decides the labels, never models.toml's table under it
     table["labels"] = {label: int(version) for label, version in sorted(model.version_labels.items())}
     return table
+
+
+def policy_versions_positive(model: Any) -> bool:
+    """The specific policy's versions and the labels' versions are all >= 1 (forkserve's version directories)."""
+    versions = list(model.model_version_policy.specific.versions) + list(model.version_labels.values())
+    return all(version >= 1 for version in versions)
 
 
 def _check_platform(model: Any, where: str) -> None:

@@ -130,3 +130,32 @@ def test_the_index_lists_a_served_model_per_version_from_this_worker(explicit: S
     assert [(e["name"], e["version"], e["state"]) for e in every] == [("m", "2", "READY"), ("m", "1", "READY"),
                                                                       ("n", "", "UNAVAILABLE")]
     assert [e["name"] for e in repository.repository_index(registry, explicit, True, "peer")] == ["m", "m"]
+
+
+def test_a_config_reload_is_checked_in_the_worker_before_the_master_hears_of_it(explicit: Settings) -> None:
+    tfserving = dataclasses.replace(explicit, model_control="poll", tfserving_model=("a", "/m/a"))
+    one = 'model_config_list { config { name: "a" base_path: "%s" model_platform: "tensorflow" } }'
+    cases = [
+        (dataclasses.replace(tfserving, tfserving_model=None), one % "/m/a", "UNIMPLEMENTED", "needs a server started"),
+        (tfserving, "custom_model_config { }", "INVALID_ARGUMENT", "Only ModelConfigList is currently supported"),
+        (tfserving, one % "relative/a", "INVALID_ARGUMENT", "Expected model a to have an absolute path or URI"),
+        (tfserving, one % ("/m/" + "é" * 800_000), "RESOURCE_EXHAUSTED", "larger than"),  # \u00e9 six times over
+    ]
+    for settings, text, code, message in cases:
+        with pytest.raises(ApiError) as refused:
+            run_blocking(repository.reload_config(settings, text, "peer"))
+        assert (status_code(refused.value).name, message in refused.value.message) == (code, True)
+    assert not (explicit.run_dir / control.REQUESTS).exists()
+
+
+def test_a_config_reload_answers_as_tf_serving_by_the_masters_words(explicit: Settings) -> None:
+    tfserving = dataclasses.replace(explicit, model_control="poll", tfserving_model=("a", "/m/a"))
+    text = 'model_config_list { config { name: "a" base_path: "/m/a" model_platform: "tensorflow" } }'
+    for answer, code in (("failed to load model a: no version directory", "UNKNOWN"),
+                         ("Request to assign label to version 2 of model a, which is not currently available for inference",
+                          "FAILED_PRECONDITION")):
+        answering = master_answers(explicit.run_dir, False, answer)
+        with pytest.raises(ApiError) as failed:
+            run_blocking(repository.reload_config(tfserving, text, "peer"))
+        answering.join(5)
+        assert (status_code(failed.value).name, failed.value.message) == (code, answer)

@@ -128,3 +128,23 @@ def test_the_watch_composes_models_toml_under_the_model_config_and_reports_a_cla
     conf.write_text("[models.b]\nbase_path = '/m/b'\n")  # a model TF Serving's file does not list
     watch.refresh()
     assert "b" not in watch.refresh().models and "base_path does not go with" in watch.problem.message
+
+
+def test_a_poll_waits_while_a_reload_is_in_progress(tmp_path: Path) -> None:
+    path = tmp_path / "models.config"
+    source = polled(path, config_text(("a", "")))
+    source.replace(config_text(("b", "")), set())
+    path.write_text(config_text(("c", "")))
+    poll(source)
+    assert set(poll(source)) == {"b"}  # the reload's answer is what it asked for
+    source.settle(False)
+    poll(source)
+    assert set(poll(source)) == {"c"}  # then the file's edit is taken, not lost
+
+
+def test_versions_and_labels_below_one_are_refused_as_they_are_read(tmp_path: Path) -> None:
+    source = polled(tmp_path / "models.config", config_text(("a", "")), labels_for_unavailable=True)
+    for extra in ("model_version_policy { specific { versions: 0 } }", "version_labels { key: 'x' value: 0 }"):
+        with pytest.raises(ConfigError, match="versions and version labels must name versions >= 1"):
+            source.replace(config_text(("a", extra)), set())
+    assert set(source.tables) == {"a"}

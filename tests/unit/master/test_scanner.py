@@ -115,3 +115,11 @@ def test_without_new_versions_each_model_keeps_the_versions_it_had_when_first_se
     version(tmp_path, "b", 5)
     scanner.scan()
     assert versions(scanner.scan()) == {"a": [1], "b": [5]}  # a model seen later: its versions then
+
+
+def test_a_digest_reads_no_more_than_the_size_the_poll_saw() -> None:
+    """/proc's files say 0 bytes and never end (pagemap: 256 GiB of zeros): the master's thread must not read them."""
+    from server.master.scanner import DirectoryFiles, digest_files
+
+    files = DirectoryFiles((("pagemap", 0), ("status", 0)), (0, 0))
+    assert len(digest_files(Path("/proc/self"), files)) == 16  # at once: with no bound it reads for hours
