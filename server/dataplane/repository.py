@@ -113,8 +113,8 @@ class AnswerWatch:
             waiting, self._waiting = list(self._waiting.values()), {}
         for call in waiting:
             call.future.set_exception(ApiError(
-                "this worker stopped (a rolling restart) before the master answered: the load or unload goes on; "
-                "see the repository index, or call again", status=503))
+                "this worker stopped (a rolling restart) before the master answered: the call goes on; see the "
+                "repository index or the models' status, or call again", status=503))
 
 
 ANSWERS = AnswerWatch()

@@ -121,9 +121,10 @@ def test_the_batching_and_monitoring_files_apply(server: Server) -> None:
     assert config["dynamic_batching"] == {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 1500,
                                          "preserve_ordering": False}
     assert predict(server, "half_plus_two", [0.0]) == [2.0]
-    scraped = server.get("/monitoring/prometheus/metrics")
-    assert scraped.status_code == 200
-    assert ':tensorflow:serving:request_count{model_name="half_plus_two",status="OK"}' in scraped.text
+    counted = ':tensorflow:serving:request_count{model_name="half_plus_two",status="OK"}'
+    # NOTE: polled: a worker's counts reach the files at its next flush (0.5 s), and either worker answers a scrape
+    scraped = wait_until(lambda: (r := server.get("/monitoring/prometheus/metrics")).status_code == 200
+                         and counted in r.text and r, 30, "TF Serving's request count at its metrics path")
     assert "forkserve_requests_total" in scraped.text
 
 
@@ -178,6 +179,9 @@ def test_reload_adds_and_drops_models_under_load_without_a_failed_call(server: S
         # every worker a client can reach serves it once the call answered (the caller's old one is leaving)
         assert all(predict(server, "third", [2.0]) == [3.0] for _ in range(10))
         wait_until(lambda: status(server, "half_plus_two") == 404, 180, "the dropped model to go")
+        # NOTE: the rollout that drops it ends before the next test's reload: a call on a retiring worker answers 503
+        wait_until(lambda: len(server.children()) == server.workers and server.all_serve("third", [123])
+                   and not any(server.serving("half_plus_two").values()), 180, "the rollout dropping it to end")
     finally:
         stop.set()
         for thread in threads:

@@ -99,7 +99,7 @@ def test_a_worker_that_stops_before_the_master_answers_ends_the_call_with_503(
     stopped_accepting.set()
     with pytest.raises(ApiError) as caught:
         run_blocking(repository.change(explicit, "load", "m", None, "peer"))
-    assert caught.value.status == 503 and "the load or unload goes on" in caught.value.message
+    assert caught.value.status == 503 and "the call goes on" in caught.value.message
     assert len(control.pending(explicit.run_dir)) == 1  # the master still takes it up
 
 
