@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from server.config import (
     ConfigError,
@@ -25,8 +25,10 @@ from server.config import (
     parse_config_bytes,
     read_config_bytes,
 )
-from server.master.model_server_config import ModelServerConfigSource
 from server.target import ConfigProblem
+
+if TYPE_CHECKING:  # NOTE: imported only with TF Serving's configuration: protobuf stays out of the master otherwise
+    from server.master.model_server_config import ModelServerConfigSource
 
 log = logging.getLogger("forkserve.config")
 

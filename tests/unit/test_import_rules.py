@@ -111,3 +111,13 @@ def test_the_worker_class_gunicorn_loads_in_the_master_imports_no_metrics() -> N
     done, modules = imported("server.worker.gthread")
     assert "server.worker.gthread" in done
     assert not [m for m in modules if m.split(".")[0] == "prometheus_client" or m == "server.telemetry.metrics"]
+
+
+def test_the_masters_rollout_loads_protobuf_only_for_tf_servings_configuration() -> None:
+    """protobuf (OTLP's, gRPC's) is worker-only, unless the master reads TF Serving's text-proto files."""
+    done = subprocess.run([sys.executable, "-c", "import sys, json; import server.master.rollout, server.master.hooks; "
+                           "print(json.dumps(sorted(sys.modules)))"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [m for m in modules if m.startswith("google.protobuf")] == []
+    assert "server.master.model_server_config" not in modules

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from server import control
 from server.config import ConfigError, ModelConfig, ServerConfig, with_overrides
 from server.control import ControlRequest
-from server.master.model_server_config import ModelServerConfigSource
 from server.repository import is_model_name, model_dir
 from server.target import Target
+
+if TYPE_CHECKING:  # NOTE: imported only with TF Serving's configuration: protobuf stays out of the master otherwise
+    from server.master.model_server_config import ModelServerConfigSource
 
 log = logging.getLogger("forkserve.repository")
 

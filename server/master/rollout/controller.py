@@ -15,11 +15,11 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from server import control
 from server.config import ServerConfig
 from server.master.fleet import Fleet
-from server.master.model_server_config import ModelServerConfigSource
 from server.master.rollout.control import ModelControl
 from server.master.rollout.desired import DesiredState
 from server.master.rollout.driver import RollingRestart, RolloutSettings
@@ -32,6 +32,9 @@ from server.master.tls_watch import TlsWatch
 from server.settings import Settings
 from server.state import read_worker_states, run_dir_writable
 from server.target import Target
+
+if TYPE_CHECKING:  # NOTE: imported only with TF Serving's configuration: protobuf stays out of the master otherwise
+    from server.master.model_server_config import ModelServerConfigSource
 
 log = logging.getLogger("forkserve.rollout")
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.config import ConfigError, ServerConfig, with_overrides
 from server.master.config_watch import ConfigWatch
-from server.master.model_server_config import ModelServerConfigSource
 from server.master.rollout import policy
 from server.master.rollout.ledger import FailureLedger, VersionsView, is_dir
 from server.master.rollout.record import record_metric
@@ -25,6 +24,9 @@ from server.master.scanner import SettledScanner
 from server.master.strikes import VersionKey
 from server.repository import VersionSource, model_dir, stray_entries
 from server.target import Target, compute_target, write_target
+
+if TYPE_CHECKING:  # NOTE: imported only with TF Serving's configuration: protobuf stays out of the master otherwise
+    from server.master.model_server_config import ModelServerConfigSource
 
 log = logging.getLogger("forkserve.rollout")
 
