@@ -54,7 +54,8 @@ class RolloutController:
         self.knobs = knobs
         self.tls = TlsWatch(tls_settings, lambda ok: record_metric(
             lambda m: m.TLS_LAST_RELOAD_SUCCESSFUL.set(1 if ok else 0))) if tls_settings is not None and tls_settings.tls else None
-        self.ledger = FailureLedger(run_dir, models_dir, conf_path.name, knobs.attempts)
+        settings_file = "TF Serving's model configuration" if model_server is not None else conf_path.name
+        self.ledger = FailureLedger(run_dir, models_dir, settings_file, knobs.attempts)
         self.desired = DesiredState(models_dir, conf_path, config, run_dir, self.ledger, knobs.poll_interval, model_server,
                                     knobs.new_versions)
         self.exits = ExitLog()  # shared with the main thread (worker_exited)
