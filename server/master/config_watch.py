@@ -81,11 +81,7 @@ class ConfigWatch:
         try:
             composed = self.model_server.compose(file_config or self._file_config)
         except ConfigError as exc:
-            problem = ConfigProblem(str(exc), exc.model)
-            if problem != self._layer_problem:
-                log.error("forkserve: %s; keeping the last good configuration", exc)
-                self._report(False)
-            self._layer_problem = problem
+            self._layer_problem = self._tell(exc, self._layer_problem)
             return self.accepted
         if problem != self._layer_problem:  # NOTE: the source logged it; forkserve_config_last_reload_successful says it
             self._report(problem is None)
@@ -125,12 +121,16 @@ class ConfigWatch:
 
     def _refuse(self, exc: ConfigError) -> ServerConfig:
         """Keep the last good configuration; log and report a new problem of models.toml once."""
+        self._file_problem = self._tell(exc, self._file_problem)
+        return self._file_config
+
+    def _tell(self, exc: ConfigError, before: ConfigProblem | None) -> ConfigProblem:
+        """The problem `exc` names: logged and reported when it is not the one `before`."""
         problem = ConfigProblem(str(exc), exc.model)
-        if problem != self._file_problem:
+        if problem != before:
             log.error("forkserve: %s; keeping the last good configuration", exc)
             self._report(False)
-        self._file_problem = problem
-        return self._file_config
+        return problem
 
 
 def _read_or_none(path: Path) -> bytes | None:

@@ -14,8 +14,8 @@ from typing import Iterator
 import pytest
 import requests
 
-from tests.support.harness import ROOT, Server, free_port, wait_until
-from tests.support.metrics import quiet_samples, require_tool, samples, settled_samples, target_health, value
+from tests.support.harness import ROOT, Server, wait_until
+from tests.support.metrics import prometheus_scraping, quiet_samples, require_tool, samples, settled_samples, value
 from tests.support.models import copy_models
 
 CONF_DIR = ROOT / "conf"
@@ -188,40 +188,13 @@ def test_sigkilled_worker_leaves_the_live_gauges_and_counters_do_not_go_back(met
 
 
 def test_prometheus_sees_exactly_the_requests_sent(tmp_path: Path, metrics_server: Server) -> None:
-    prometheus = require_tool("prometheus")
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    target = metrics_server.url.removeprefix("http://")
-    config.write_text(
-        "global: {scrape_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: forkserve\n    static_configs:\n      - targets: ['{target}']\n"
-    )
-    process = subprocess.Popen(
-        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    api = f"http://127.0.0.1:{port}/api/v1/query"
     query = 'sum(forkserve_requests_total{model="half_plus_two", api="tfserving_regress"}) or vector(0)'
-
-    def current() -> float | None:
-        try:
-            result = requests.get(api, params={"query": query}, timeout=5).json()["data"]["result"]
-        except (requests.RequestException, ValueError, KeyError):
-            return None
-        return float(result[0]["value"][1]) if result else None
-
-    try:
-        wait_until(lambda: current() is not None, 60, "Prometheus to answer queries")
-        wait_until(lambda: target_health(port) == "up", 60, "the first successful scrape")
+    with prometheus_scraping(tmp_path, metrics_server) as prometheus:
         sent = 23
         body = {"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}]}
         for _ in range(sent):
             assert metrics_server.post("/v1/models/half_plus_two:regress", json=body).status_code == 200
-        assert wait_until(lambda: current() == sent, 30, f"Prometheus to report {sent} requests")
-    finally:
-        process.terminate()
-        process.wait(30)
+        assert wait_until(lambda: prometheus(query) == sent, 30, f"Prometheus to report {sent} requests")
 
 
 def test_dashboard_queries_use_only_metrics_that_exist(metrics_server: Server) -> None:

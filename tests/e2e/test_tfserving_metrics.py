@@ -10,13 +10,12 @@ from typing import Any, Iterator
 
 import grpc
 import pytest
-import requests
 from prometheus_client.parser import text_string_to_metric_families
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc, regression_pb2
 
-from tests.support.harness import Server, free_port, wait_until
-from tests.support.metrics import require_tool, target_health
+from tests.support.harness import Server, wait_until
+from tests.support.metrics import prometheus_scraping, require_tool
 from tests.support.models import copy_models
 
 PATH = "/monitoring/prometheus/metrics"  # TF Serving's default prometheus_config path
@@ -184,32 +183,8 @@ def test_the_path_passes_promtool_but_for_tf_servings_own_names(tfs_server: Serv
 
 
 def test_prometheus_scrapes_the_path_and_histogram_quantile_works(tmp_path: Path, tfs_server: Server) -> None:
-    prometheus = require_tool("prometheus")
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    target = tfs_server.url.removeprefix("http://")
-    config.write_text(
-        "global: {scrape_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: tfserving\n    metrics_path: {PATH}\n    static_configs:\n      - targets: ['{target}']\n"
-    )
-    process = subprocess.Popen(
-        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    api = f"http://127.0.0.1:{port}/api/v1/query"
-
-    def query(promql: str) -> float | None:
-        try:
-            result = requests.get(api, params={"query": promql}, timeout=5).json()["data"]["result"]
-        except (requests.RequestException, ValueError, KeyError):
-            return None
-        return float(result[0]["value"][1]) if result else None
-
     counted = f'sum(:tensorflow:serving:request_count{{model_name="{MODEL}", status="OK"}}) or vector(0)'
-    try:
-        wait_until(lambda: query(counted) is not None, 60, "Prometheus to answer queries")
-        wait_until(lambda: target_health(port) == "up", 60, "the first successful scrape")
+    with prometheus_scraping(tmp_path, tfs_server, PATH) as query:
         before = settled(tfs_server)
         wait_until(lambda: query(counted) == total(before, ":tensorflow:serving:request_count_total", model_name=MODEL, status="OK"),
                    30, "Prometheus to see the settled count")
@@ -221,6 +196,3 @@ def test_prometheus_scrapes_the_path_and_histogram_quantile_works(tmp_path: Path
         # a TF Serving dashboard's latency panel: a quantile over the _bucket series, in microseconds
         median = query(f'histogram_quantile(0.5, sum by (le) (:tensorflow:serving:request_latency_bucket{{model_name="{MODEL}"}}))')
         assert median is not None and 10 <= median < 10e6, median
-    finally:
-        process.terminate()
-        process.wait(30)

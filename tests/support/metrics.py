@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.harness import Server, wait_until
+from tests.support.harness import Server, free_port, wait_until
 
 
 def require_tool(tool: str) -> str:
@@ -68,3 +72,40 @@ def target_health(port: int) -> str:
     """Health of the single scrape target ("unknown" before the first scrape)."""
     targets = requests.get(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
     return targets[0]["health"] if targets else "unknown"
+
+
+@contextmanager
+def prometheus_scraping(tmp_path: Path, server: Server, metrics_path: str = "/metrics") -> Iterator[Callable[[str], float | None]]:
+    """A real Prometheus scraping `server` every second; yields query(promql) -> the first value, None before it answers.
+
+    Returns once Prometheus answers queries and has scraped the target successfully once.
+    """
+    prometheus = require_tool("prometheus")
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: forkserve\n    metrics_path: {metrics_path}\n"
+        f"    static_configs:\n      - targets: ['{server.url.removeprefix('http://')}']\n"
+    )
+    process = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    api = f"http://127.0.0.1:{port}/api/v1/query"
+
+    def query(promql: str) -> float | None:
+        try:
+            result = requests.get(api, params={"query": promql}, timeout=5).json()["data"]["result"]
+        except (requests.RequestException, ValueError, KeyError):
+            return None
+        return float(result[0]["value"][1]) if result else None
+
+    try:
+        wait_until(lambda: query("vector(1)") is not None, 60, "Prometheus to answer queries")
+        wait_until(lambda: target_health(port) == "up", 60, "the first successful scrape")
+        yield query
+    finally:
+        process.terminate()
+        process.wait(30)
