@@ -193,6 +193,7 @@ class ModelControl:
         """
         assert self.model_server is not None
         missing = {}
+        why = why or "the workers did not take it up"
         for name, table in self.model_server.tables.items():
             if not target.intended().get(name):
                 missing[name] = target.unservable.get(name) or self._unservable.get(name) or why
