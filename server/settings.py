@@ -127,6 +127,15 @@ def _load_models(raw: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _module_names(raw: str) -> tuple[str, ...]:
+    """FORKSERVE_ZYGOTE_PRELOAD: comma-separated dotted module names, each once, in order."""
+    names = tuple(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"FORKSERVE_ZYGOTE_PRELOAD must list module names separated by commas, got {name!r}")
+    return names
+
+
 def _payload_sink(raw: str) -> str:
     """FORKSERVE_PAYLOAD_LOG checked: "file:DIR" (DIR made absolute), "http(s)://HOST..." or "" (off)."""
     raw = raw.strip()
@@ -277,6 +286,8 @@ class Settings:
     tfserving_labels_for_unavailable: bool = False  # FORKSERVE_TFSERVING_LABELS_FOR_UNAVAILABLE_MODELS
     warmup_records: bool = True  # FORKSERVE_WARMUP_RECORDS: replay assets.extra/tf_serving_warmup_requests (0: skip)
     new_versions: bool = True  # FORKSERVE_NEW_VERSIONS: look for new version directories (0: a model's versions when first seen)
+    zygote: bool = True  # FORKSERVE_ZYGOTE: fork workers from a process that imported TensorFlow once (server.master.zygote)
+    zygote_preload: tuple[str, ...] = ()  # FORKSERVE_ZYGOTE_PRELOAD: more modules the zygote imports (your handlers' libraries)
 
     @property
     def tfserving(self) -> bool:
@@ -357,6 +368,8 @@ class Settings:
             tfserving_labels_for_unavailable=_env_flag("FORKSERVE_TFSERVING_LABELS_FOR_UNAVAILABLE_MODELS", "0"),
             warmup_records=_env_flag("FORKSERVE_WARMUP_RECORDS"),
             new_versions=_env_flag("FORKSERVE_NEW_VERSIONS"),
+            zygote=_env_flag("FORKSERVE_ZYGOTE"),
+            zygote_preload=_module_names(os.environ.get("FORKSERVE_ZYGOTE_PRELOAD", "")),
         )
 
     @classmethod

@@ -30,6 +30,7 @@ NEVER_AN_EXIT_STATUS = -1  # what the arbiter's boot-error constants become once
 _controller: Any = None  # the master's RolloutController (one per master process)
 _start_config = ServerConfig()  # what on_starting validated; the controller starts from it
 _model_server: Any = None  # TF Serving's model configuration (server.master.model_server_config), when given
+_zygote: Any = None  # server.master.zygote.Zygote, when FORKSERVE_ZYGOTE is on
 _grpc_port_lock: socket.socket | None = None  # grpc_port.claim; never closed by hand: the exit releases it, after on_exit
 
 
@@ -127,14 +128,45 @@ def when_ready(server: Any) -> None:
         graceful_timeout=server.cfg.graceful_timeout, attempts=settings.rollout_attempts,
         backoff=settings.rollout_backoff, new_versions=settings.new_versions,
     )
+    _never_halt_once_a_worker_booted(server, settings.run_dir)
+    zygote = _start_zygote(server, settings)  # NOTE: before the rollout thread starts: the master forks it single-threaded
     _controller = RolloutController(
         Fleet(server), settings.models_dir, settings.conf_path, settings.run_dir, knobs, _start_config, settings,
         model_control=settings.model_control, load_models=settings.load_models, model_server=_model_server,
+        renew_zygote=(lambda: zygote.renew(zygote.start_timeout)) if zygote is not None else None,
     )
     _controller.publish_initial_target()
     server.handle_hup = lambda: _controller.request_reload("SIGHUP")
-    _never_halt_once_a_worker_booted(server, settings.run_dir)
     _controller.start()
+
+
+def _start_zygote(server: Any, settings: Settings) -> Any:
+    """Master: the zygote that forks workers (server.master.zygote), started now; None when off or impossible here."""
+    global _zygote
+    if not settings.zygote:
+        return None
+    from server.master import zygote
+    from server.worker import zygote as template
+    from server.worker.hooks import worker_environment
+
+    if not zygote.become_subreaper():
+        server.log.warning("forkserve: no zygote: this kernel cannot make the master a child subreaper; "
+                           "the master forks every worker itself")
+        return None
+    modules = template.PRELOAD + (template.GRPC_PRELOAD if settings.grpc_bind else ()) + settings.zygote_preload
+    environment = worker_environment(settings, settings.intra_op_for(server.cfg.workers))
+    _zygote = zygote.Zygote(server, modules, environment, record=_record_zygote)
+    zygote.install(server, _zygote)
+    _zygote.start()
+    return _zygote
+
+
+def _record_zygote(event: str, detail: str) -> None:
+    """A worker forked (by "zygote" or "master") or a zygote fault, in the master's metrics."""
+    from server.telemetry import metrics
+
+    family = metrics.WORKER_FORKS if event == "fork" else metrics.ZYGOTE_FAULTS
+    metrics.record(lambda: family.labels(detail).inc())
 
 
 def _never_halt_once_a_worker_booted(server: Any, run_dir: Path) -> None:
@@ -162,6 +194,8 @@ def on_exit(server: Any) -> None:
     """Master, last thing before it exits: remove what it made in the run directory."""
     if _controller is not None:
         _controller.stop()
+    if _zygote is not None:
+        _zygote.stop()
     _remove_run_files(Settings.current())
 
 

@@ -218,6 +218,14 @@ WORKER_BOOTS = Counter("forkserve_worker_boots", "Workers that finished booting 
 WORKER_EXITS = Counter(
     "forkserve_worker_exits", "Worker exits seen by the master, by reason.", ["reason"],
 )
+WORKER_FORKS = Counter(
+    "forkserve_worker_forks", "Workers forked, by which process: zygote (from the template that imported "
+    "TensorFlow) or master (the zygote is off, starting again after a fault, or could not fork).", ["by"],
+)
+ZYGOTE_FAULTS = Counter(
+    "forkserve_zygote_faults", "Zygote faults, by kind: exited, import_failed, start_timeout, fork_timeout, "
+    "fork_failed. The master forks workers itself until a new zygote is ready.", ["kind"],
+)
 
 # --- rollouts and the repository (master) ---
 ROLLOUTS = Counter(

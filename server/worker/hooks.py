@@ -28,10 +28,7 @@ log = logging.getLogger("forkserve.worker")
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    """Worker, right after fork and before TensorFlow is imported: heartbeat, thread pools, CPUs.
-
-    OpenMP / oneDNN read these variables once, when TensorFlow loads, so they must be set here.
-    """
+    """Worker, right after fork and before TensorFlow is imported (or its zygote's imports): heartbeat, thread pools, CPUs."""
     # NOTE: gunicorn 27 creates the heartbeat file with a wall-clock mtime and compares it with
     # the monotonic clock, so before a worker's first notify its timeout can never fire. Notify now:
     # the timeout then holds during boot too, and the load heartbeat (post_worker_init) keeps it.
@@ -45,20 +42,28 @@ def post_fork(server: Any, worker: Any) -> None:
             worker.log.info("forkserve worker %s pinned to CPUs %s", os.getpid(), sorted(cpus))
         except OSError as exc:  # a mask the kernel refuses (CPU went offline): run unpinned
             worker.log.warning("forkserve worker %s not pinned: %s", os.getpid(), exc)
-    os.environ["OMP_NUM_THREADS"] = str(intra)
-    os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)
-    os.environ["TF_NUM_INTEROP_THREADS"] = str(settings.inter_op_threads)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if settings.tls:
-        # NOTE: grpc-core logs every failed TLS handshake (a plaintext client, a port scan, a client without
-        # its certificate) as an unformatted INFO line on stderr, one per connection. Read when grpc is imported.
-        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    os.environ.update(worker_environment(settings, intra))
     # The first metric write after fork reopens every value file; a removed directory would leave
     # this worker's metrics half reopened, so recreate it first (best effort).
     try:
         settings.metrics_dir.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass
+
+
+def worker_environment(settings: Settings, intra: int) -> dict[str, str]:
+    """The variables a worker sets before TensorFlow, grpc and OpenBLAS load (the zygote sets them before it imports).
+
+    OpenMP, oneDNN and OpenBLAS read their thread counts once, when they load.
+    """
+    environment = {"OMP_NUM_THREADS": str(intra), "TF_NUM_INTRAOP_THREADS": str(intra),
+                   "TF_NUM_INTEROP_THREADS": str(settings.inter_op_threads),
+                   "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    if settings.tls:
+        # NOTE: grpc-core logs every failed TLS handshake (a plaintext client, a port scan, a client without
+        # its certificate) as an unformatted INFO line on stderr, one per connection. Read when grpc is imported.
+        environment["GRPC_VERBOSITY"] = os.environ.get("GRPC_VERBOSITY", "ERROR")
+    return environment
 
 
 def post_worker_init(worker: Any) -> None:

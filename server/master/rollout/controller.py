@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from server import control
 from server.config import ServerConfig
@@ -48,7 +48,9 @@ class RolloutController:
         self, fleet: Fleet, models_dir: Path | None, conf_path: Path, run_dir: Path, knobs: RolloutSettings,
         config: ServerConfig, tls_settings: Settings | None = None, model_control: str = "poll",
         load_models: tuple[str, ...] = (), model_server: ModelServerConfigSource | None = None,
+        renew_zygote: Callable[[], bool] | None = None,
     ) -> None:
+        self.renew_zygote = renew_zygote  # before a rollout of every worker: new workers fork from new code
         self.fleet = fleet  # server.master.hooks pre_fork marks newborn workers through it
         self.run_dir = run_dir
         self.knobs = knobs
@@ -184,6 +186,8 @@ class RolloutController:
             return False
         if not forced and self.desired.settling(desired):
             return True
+        if forced and self.renew_zygote is not None and not self.renew_zygote():
+            log.warning("forkserve: no new zygote for this rollout; the master forks its workers itself")
         step = self.driver.roll(desired, self.current, everyone=forced)
         if step is Step.DONE:
             self.current, self._given_up = desired, ""
