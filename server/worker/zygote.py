@@ -35,11 +35,15 @@ GRPC_PRELOAD = ("grpc", "server.rpc.listener")
 MAX_MESSAGE = 64 * 1024
 GO_TIMEOUT = 30.0  # seconds a forked worker waits for the master to take it; past that it exits unseen
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+NAME = b"fs-zygote"  # its /proc/PID/comm, what ps and top show (the command line stays gunicorn's)
 
 
 def serve(arbiter: Any, channel: socket.socket, master_pid: int, modules: tuple[str, ...], environment: dict[str, str]) -> NoReturn:
     """The zygote's life, in the process the master just forked; never returns."""
+    global _WORKER_NAME
     try:
+        _WORKER_NAME = _read_name()
         _become_zygote(arbiter, master_pid)
         os.environ.update(environment)  # NOTE: before the imports: OpenMP, oneDNN and OpenBLAS read them once, at load
         started = time.monotonic()
@@ -66,10 +70,8 @@ def _become_zygote(arbiter: Any, master_pid: int) -> None:
     """Leave the master's signal handling and workers behind; die with the master."""
     util = _gunicorn_util()
     util._setproctitle("zygote [%s]" % arbiter.proc_name)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # the closed channel ends the zygote too
+    _prctl(PR_SET_NAME, ctypes.c_char_p(NAME))
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # NOTE: and the closed channel ends it too
     if os.getppid() != master_pid:
         os._exit(0)
     for sig in (*arbiter.SIGNALS, signal.SIGCHLD):
@@ -79,6 +81,13 @@ def _become_zygote(arbiter: Any, master_pid: int) -> None:
     for worker in list(arbiter.WORKERS.values()):
         worker.tmp.close()  # the master's heartbeat files of workers alive now: no new worker may hold them
     arbiter.WORKERS = {}
+
+
+def _prctl(option: int, value: Any) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _gunicorn_util() -> Any:
@@ -147,6 +156,7 @@ def _become_worker(arbiter: Any, request: dict[str, Any], heartbeat_fd: int, go_
     os.close(go_fd)
     if go != b"1":
         os._exit(0)  # the master gave up on this fork: never serve unseen by it
+    _prctl(PR_SET_NAME, ctypes.c_char_p(_WORKER_NAME))
     worker = arbiter.worker_class(request["age"], arbiter.pid, arbiter.LISTENERS, arbiter.app,
                                   arbiter.timeout / 2.0, arbiter.cfg, arbiter.log)
     os.dup2(heartbeat_fd, worker.tmp.fileno())  # NOTE: the file the master watches (murder_workers), not the one made here
@@ -156,6 +166,17 @@ def _become_worker(arbiter: Any, request: dict[str, Any], heartbeat_fd: int, go_
     worker.forkserve_cpus = frozenset(cpus) if cpus is not None else None
     arbiter.log.reopen_files()  # after a USR1 the master writes to new files; this worker must too
     run_worker(arbiter, worker)
+
+
+_WORKER_NAME = b"python3"  # the master's /proc/PID/comm, which workers keep
+
+
+def _read_name() -> bytes:
+    try:
+        with open("/proc/self/comm", "rb") as comm:
+            return comm.read().strip()
+    except OSError:
+        return b"python3"
 
 
 def _read_exactly(fd: int, size: int) -> bytes:

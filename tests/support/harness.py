@@ -20,6 +20,7 @@ from server.state import read_worker_states
 
 ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = Path(sys.executable).with_name("gunicorn")
+ZYGOTE_NAME = "fs-zygote"  # server.worker.zygote.NAME
 
 
 PORTS_PER_PROCESS = 2000  # each pytest-xdist worker draws from a block of its own, below the kernel's ephemeral range
@@ -169,7 +170,15 @@ class Server:
         return len(serving) == (self.workers if count is None else count) and all(v == versions for v in serving.values())
 
     def children(self) -> list[int]:
-        """Every live process the master forked (workers still loading included)."""
+        """Every live worker process of the master (workers still loading included), not its zygote."""
+        return sorted(pid for pid, name in self._live_children() if name != ZYGOTE_NAME)
+
+    def zygote(self) -> int | None:
+        """The live zygote (server.worker.zygote), the master's child named fs-zygote; None when there is none."""
+        return next((pid for pid, name in self._live_children() if name == ZYGOTE_NAME), None)
+
+    def _live_children(self) -> list[tuple[int, str]]:
+        """(pid, /proc comm name) of every live child of the master."""
         assert self.process is not None
         found = []
         for entry in Path("/proc").iterdir():
@@ -179,10 +188,11 @@ class Server:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            fields = stat.rsplit(")", 1)[1].split()
+            name, _, rest = stat.partition(" (")[2].rpartition(")")
+            fields = rest.split()
             if int(fields[1]) == self.process.pid and fields[0] != "Z":
-                found.append(int(entry.name))
-        return sorted(found)
+                found.append((int(entry.name), name))
+        return found
 
     def wait_reaped(self, pid: int, timeout: float = 30.0) -> None:
         """Wait until the master has handled the worker's exit (child_exit removed its state file)."""
