@@ -8,9 +8,10 @@ reparented to the master (a child subreaper) and gunicorn reaps and signals it a
 Workers still load and warm their models after the fork.
 
 Threads: after these imports the only threads besides the main one are OpenBLAS's
-`blas_thread_server`s (numpy's and scipy's), idle in pthread_cond_wait; OpenBLAS stops them in its
-own pthread_atfork handler before every fork (docs/zygote.md has the evidence). The zygote refuses
-to serve if a Python thread is alive.
+`blas_thread_server`s (numpy's and scipy's; none when OMP_NUM_THREADS is 1), idle in
+pthread_cond_wait; OpenBLAS's own pthread_atfork handler stops them before a fork (docs/zygote.md
+has the evidence). The zygote refuses to serve unless it is down to its one thread after a first
+fork, so every worker is forked from a single-threaded process.
 """
 
 from __future__ import annotations
@@ -59,11 +60,28 @@ def serve(arbiter: Any, channel: socket.socket, master_pid: int, modules: tuple[
             os._exit(1)
         gc.collect()
         gc.freeze()  # NOTE: each worker's collections then skip the shared heap and leave its pages shared
-        _send(channel, {"ready": True, "seconds": round(time.monotonic() - started, 3),
-                        "threads": len(os.listdir("/proc/self/task")), "objects": gc.get_freeze_count()})
+        threads = _threads_at_fork()
+        if threads != 1:
+            _send(channel, {"error": f"{threads} threads are alive at fork (OpenBLAS's stop at fork; these did not): forking is unsafe"})
+            os._exit(1)
+        _send(channel, {"ready": True, "seconds": round(time.monotonic() - started, 3), "threads": threads,
+                        "objects": gc.get_freeze_count()})
         _serve_forks(arbiter, channel)
     finally:
         os._exit(0)
+
+
+def _threads_at_fork() -> int:
+    """The threads left once every pthread_atfork handler ran: fork once, then count (the zygote itself runs no op).
+
+    OpenBLAS's handler stops its thread servers before a fork and they start again only at the next
+    BLAS call, which the zygote never makes: from here on every fork is from this one thread.
+    """
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return len(os.listdir("/proc/self/task"))
 
 
 def _become_zygote(arbiter: Any, master_pid: int) -> None:
