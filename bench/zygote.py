@@ -40,7 +40,7 @@ from PIL import Image
 
 from bench.common import save_table
 from server.state import WorkerState, read_worker_states
-from tests.support.harness import ROOT, Server, pid_alive, wait_until
+from tests.support.harness import ROOT, Server, group_members, pid_alive, wait_until
 
 SIDES = ("on", "off")
 POLL = 0.02  # seconds between looks at the state files and the master's children
@@ -93,10 +93,25 @@ def stop_all(servers: dict[str, Server]) -> None:
         server.stop()
 
 
+def server_processes(server: Server) -> set[int]:
+    """Every live process of the server's group but the master: workers, the zygote, a fork in progress."""
+    assert server.process is not None
+    return set(group_members(server.process.pid)) - {server.process.pid}
+
+
+def parent(pid: int) -> int:
+    """A process's parent pid (0 once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
 def zygote_pid(server: Server) -> int | None:
     """The master's child that has no worker state file: the zygote (None with the zygote off)."""
+    assert server.process is not None
     states = read_worker_states(server.run_dir)
-    others = [pid for pid in server.children() if pid not in states]
+    others = [pid for pid in server_processes(server) if pid not in states and parent(pid) == server.process.pid]
     return others[0] if len(others) == 1 else None
 
 
@@ -234,23 +249,27 @@ def median_row(values: list[float], digits: int = 2) -> str:
 # --- 1. a killed worker's replacement ---------------------------------------------------------------------------
 
 
-def new_child(server: Server, known: set[int]) -> int | None:
-    """A child of the master not in `known` (a worker just forked), or None."""
-    fresh = set(server.children()) - known
+def new_process(server: Server, known: set[int]) -> int | None:
+    """A process of the server not in `known` (a fork for a new worker under way), or None."""
+    fresh = server_processes(server) - known
     return min(fresh) if fresh else None
 
 
 def replace_one(server: Server) -> dict[str, Any]:
-    """SIGKILL the lowest-pid worker; seconds from the kill until its replacement is forked, then loaded and ready."""
+    """SIGKILL the lowest-pid worker; seconds from the kill until a fork for its replacement, then until it is ready."""
     before = wait_ready(server, server.workers)
-    known = set(server.children())
+    known = server_processes(server)
     victim = min(before)
     killed = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    replacement = wait_until(lambda: new_child(server, known), 60, "the replacement's fork", interval=POLL / 4)
+    wait_until(lambda: new_process(server, known), 60, "the replacement's fork", interval=POLL / 4)
     forked = time.monotonic()
-    wait_until(lambda: replacement in ready_workers(server) and len(ready_workers(server)) == server.workers, 600,
-               "the replacement to be ready", interval=POLL)
+
+    def replaced() -> set[int]:
+        ready = ready_workers(server)
+        return set(ready) - set(before) if len(ready) == server.workers else set()
+
+    replacement = wait_until(replaced, 600, "the replacement to be ready", interval=POLL).pop()
     ready = time.monotonic()
     return {"victim": victim, "replacement": replacement, "fork_s": forked - killed, "ready_s": ready - killed,
             "readyz": server.get("/readyz").status_code}
@@ -376,7 +395,7 @@ def roll_times(server: Server, versions: list[int], since: float, known: set[int
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now = time.monotonic()
-        if "fork_s" not in marks and new_child(server, known) is not None:
+        if "fork_s" not in marks and new_process(server, known) is not None:
             marks["fork_s"] = now - since
         ready = ready_workers(server)
         serving = [pid for pid, state in ready.items() if sorted(state.serving("digits")) == versions]
@@ -392,12 +411,12 @@ def roll_times(server: Server, versions: list[int], since: float, known: set[int
 def publish_once(server: Server, model_dir: Path, version: int) -> dict[str, Any]:
     """Publish `version` and time the roll-out; then take it out again and time that roll-out too."""
     wait_ready(server, server.workers)
-    known = set(server.children())
+    known = server_processes(server)
     published = roll_times(server, [1, 2, version], rename_in(model_dir, version), known)
     served = server.get("/v1/models/digits").json()
     wait_ready(server, server.workers)
     time.sleep(1)
-    known = set(server.children())
+    known = server_processes(server)
     removed = roll_times(server, [1, 2], rename_out(model_dir, version), known)
     return {"version": version, "publish": published, "remove": removed,
             "status_versions": sorted(int(v["version"]) for v in served.get("model_version_status", []))}
@@ -532,7 +551,7 @@ def soak_part(work: Path, minutes: float, every: float, clients: int, pause: flo
         for checkpoint in checkpoints:
             time.sleep(max(0.0, began + checkpoint * 60 - time.monotonic()))
             samples.append({"minute": checkpoint, **soak_sample(servers)})
-            print(f"soak {checkpoint:.0f} min: " + "; ".join(
+            print(f"soak {checkpoint:g} min: " + "; ".join(
                 f"{side} Private_Dirty {' '.join(mib(m['Private_Dirty']) for m in samples[-1][side]['workers'].values())} MiB"
                 for side in SIDES) + f"; requests {sum(counts.values())}", flush=True)
         elapsed = time.monotonic() - began
@@ -554,7 +573,7 @@ def soak_table(raw: dict[str, Any]) -> str:
     """Each worker's Private_Dirty (MiB) at every sample, the sides' medians and their ratio, and the traffic."""
     samples = raw["samples"]
     pids = {side: list(samples[0][side]["workers"]) for side in SIDES}
-    header = " | ".join(f"{s['minute']:.0f} min" for s in samples)
+    header = " | ".join(f"{s['minute']:g} min" for s in samples)
     lines = [f"| zygote | worker | {header} |", "|---|---|" + "---|" * len(samples)]
     for side in SIDES:
         for pid in pids[side]:

@@ -406,6 +406,20 @@ class Settings:
         unlimited = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == self.cpus
         return unlimited and 2 <= workers <= self.cpus and self.intra_op_threads <= self.cpus // workers
 
+    def worker_environment(self, intra: int) -> dict[str, str]:
+        """The variables a worker sets before TensorFlow, grpc and OpenBLAS load (the zygote, before it imports them).
+
+        OpenMP, oneDNN and OpenBLAS read their thread counts once, when they load.
+        """
+        environment = {"OMP_NUM_THREADS": str(intra), "TF_NUM_INTRAOP_THREADS": str(intra),
+                       "TF_NUM_INTEROP_THREADS": str(self.inter_op_threads),
+                       "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+        if self.tls:
+            # NOTE: grpc-core logs every failed TLS handshake (a plaintext client, a port scan, a client without
+            # its certificate) as an unformatted INFO line on stderr, one per connection. Read when grpc is imported.
+            environment["GRPC_VERBOSITY"] = os.environ.get("GRPC_VERBOSITY", "ERROR")
+        return environment
+
     def intra_op_for(self, workers: int) -> int:
         """TensorFlow intra-op threads for one worker when `workers` share the CPUs."""
         if self.intra_op_threads:

@@ -146,15 +146,14 @@ def _start_zygote(server: Any, settings: Settings) -> Any:
     if not settings.zygote:
         return None
     from server.master import zygote
-    from server.worker import zygote as template
-    from server.worker.hooks import worker_environment
+    from server.spawn import zygote as template
 
     if not zygote.become_subreaper():
         server.log.warning("forkserve: no zygote: this kernel cannot make the master a child subreaper; "
                            "the master forks every worker itself")
         return None
     modules = template.PRELOAD + (template.GRPC_PRELOAD if settings.grpc_bind else ()) + settings.zygote_preload
-    environment = worker_environment(settings, settings.intra_op_for(server.cfg.workers))
+    environment = settings.worker_environment(settings.intra_op_for(server.cfg.workers))
     _zygote = zygote.Zygote(server, modules, environment, record=_record_zygote)
     zygote.install(server, _zygote)
     _zygote.start()

@@ -1,6 +1,6 @@
 """The master's side of the zygote: start it, ask it for workers, notice its faults and fork workers itself meanwhile.
 
-Runs in the gunicorn master (no TensorFlow: the zygote process, server.worker.zygote, imports it).
+Runs in the gunicorn master (no TensorFlow: the zygote process, server.spawn.zygote, imports it).
 `install` replaces the arbiter's `spawn_worker` on the instance, as when_ready already replaces
 `reap_workers` and `handle_hup`: gunicorn's `Application.run` builds a plain `Arbiter`, so a
 subclass would need forkserve's own entry point instead of the `gunicorn -c gunicorn.conf.py`
@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from server.worker.boot import run_worker
+from server.spawn.boot import run_worker
 
 log = logging.getLogger("forkserve.zygote")
 
@@ -271,7 +271,7 @@ class Zygote:
 
 
 def _default_entry(*args: Any) -> None:
-    from server.worker import zygote
+    from server.spawn import zygote
 
     zygote.serve(*args)
 

@@ -42,28 +42,13 @@ def post_fork(server: Any, worker: Any) -> None:
             worker.log.info("forkserve worker %s pinned to CPUs %s", os.getpid(), sorted(cpus))
         except OSError as exc:  # a mask the kernel refuses (CPU went offline): run unpinned
             worker.log.warning("forkserve worker %s not pinned: %s", os.getpid(), exc)
-    os.environ.update(worker_environment(settings, intra))
+    os.environ.update(settings.worker_environment(intra))
     # The first metric write after fork reopens every value file; a removed directory would leave
     # this worker's metrics half reopened, so recreate it first (best effort).
     try:
         settings.metrics_dir.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass
-
-
-def worker_environment(settings: Settings, intra: int) -> dict[str, str]:
-    """The variables a worker sets before TensorFlow, grpc and OpenBLAS load (the zygote sets them before it imports).
-
-    OpenMP, oneDNN and OpenBLAS read their thread counts once, when they load.
-    """
-    environment = {"OMP_NUM_THREADS": str(intra), "TF_NUM_INTRAOP_THREADS": str(intra),
-                   "TF_NUM_INTEROP_THREADS": str(settings.inter_op_threads),
-                   "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-    if settings.tls:
-        # NOTE: grpc-core logs every failed TLS handshake (a plaintext client, a port scan, a client without
-        # its certificate) as an unformatted INFO line on stderr, one per connection. Read when grpc is imported.
-        environment["GRPC_VERBOSITY"] = os.environ.get("GRPC_VERBOSITY", "ERROR")
-    return environment
 
 
 def post_worker_init(worker: Any) -> None:

@@ -20,7 +20,7 @@ from server.state import read_worker_states
 
 ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = Path(sys.executable).with_name("gunicorn")
-ZYGOTE_NAME = "fs-zygote"  # server.worker.zygote.NAME
+ZYGOTE_NAME = "fs-zygote"  # server.spawn.zygote.NAME
 
 
 PORTS_PER_PROCESS = 2000  # each pytest-xdist worker draws from a block of its own, below the kernel's ephemeral range
@@ -174,7 +174,7 @@ class Server:
         return sorted(pid for pid, name in self._live_children() if name != ZYGOTE_NAME)
 
     def zygote(self) -> int | None:
-        """The live zygote (server.worker.zygote), the master's child named fs-zygote; None when there is none."""
+        """The live zygote (server.spawn.zygote), the master's child named fs-zygote; None when there is none."""
         return next((pid for pid, name in self._live_children() if name == ZYGOTE_NAME), None)
 
     def _live_children(self) -> list[tuple[int, str]]:

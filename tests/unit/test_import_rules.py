@@ -60,7 +60,7 @@ def otel_modules(modules: list[str]) -> list[str]:
 @pytest.mark.parametrize(
     "package",
     ["core", "server.master", "server.cli", "server.telemetry", "server.tensors", "server.protocols", "server.models",
-     "server.dataplane", "server.http", "server.worker"],
+     "server.dataplane", "server.http", "server.worker", "server.spawn", "server.spawn.zygote", "server.master.zygote"],
 )
 def test_package_imports_without_tensorflow_or_keras(package: str) -> None:
     names = CORE if package == "core" else [package]

@@ -28,7 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "http": BELOW_TRANSPORTS,
     "rpc": BELOW_TRANSPORTS,
     "worker": BELOW_TRANSPORTS | {"http", "rpc"},
-    "master": {"core", "telemetry", "protocols"},  # protocols: TF Serving's config files, protobuf messages only
+    "spawn": {"core"},  # gunicorn's boot after fork, and the zygote (which imports the rest by name, in its own process)
+    "master": {"core", "telemetry", "protocols", "spawn"},  # protocols: TF Serving's config files, protobuf messages only
     "cli": BELOW_MODELS | {"models"},
     "entry": {"core", "cli"},
 }

@@ -1,4 +1,4 @@
-"""A new worker's first steps after fork, from the master's fork or the zygote's (server.worker.zygote).
+"""A new worker's first steps after fork, from the master's fork or the zygote's (server.spawn.zygote).
 
 This is the child half of gunicorn 27's `Arbiter.spawn_worker`, copied so that a worker the zygote
 forked boots exactly as one the master forked (server/compat.py lists it). Runs in the new worker;

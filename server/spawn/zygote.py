@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from server.worker.boot import run_worker
+from server.spawn.boot import run_worker
 
 # What every worker imports before it serves, heaviest first; the rest comes with server.http.app.
 PRELOAD = ("numpy", "tensorflow", "keras", "server.http.app", "server.models.runtime", "server.models.registry")
