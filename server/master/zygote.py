@@ -252,6 +252,8 @@ class Zygote:
     def _fault(self, kind: str, what: str) -> None:
         """Log the first fault of a run of them, stop this zygote, and restart it after a backoff."""
         pid = self.pid
+        if kind == "exited" and pid:
+            what = self._exit_status(pid) or what
         self.stop()
         self.failures += 1
         delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (self.failures - 1))
@@ -263,6 +265,20 @@ class Zygote:
         else:
             log.debug("forkserve: the zygote failed again (%d in a row): %s; next try in %g s", self.failures, what, delay)
         self._set_state(WAITING)
+
+    def _exit_status(self, pid: int) -> str | None:
+        """How the zygote that closed its channel ended, once it has (it may still be on its way out)."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if done:
+                self.pid = 0
+                return _describe_status(status)
+            time.sleep(0.01)
+        return None
 
     def _set_state(self, state: str) -> None:
         with self._changed:

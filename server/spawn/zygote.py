@@ -24,6 +24,7 @@ import os
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, NoReturn
@@ -175,6 +176,9 @@ def _become_worker(arbiter: Any, request: dict[str, Any], heartbeat_fd: int, go_
     if go != b"1":
         os._exit(0)  # the master gave up on this fork: never serve unseen by it
     _prctl(PR_SET_NAME, ctypes.c_char_p(_WORKER_NAME))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()  # NOTE: else every worker draws the zygote's sequence (gunicorn reseeds `random` itself)
     worker = arbiter.worker_class(request["age"], arbiter.pid, arbiter.LISTENERS, arbiter.app,
                                   arbiter.timeout / 2.0, arbiter.cfg, arbiter.log)
     os.dup2(heartbeat_fd, worker.tmp.fileno())  # NOTE: the file the master watches (murder_workers), not the one made here
