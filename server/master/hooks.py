@@ -143,7 +143,7 @@ def when_ready(server: Any) -> None:
 def _start_zygote(server: Any, settings: Settings) -> Any:
     """Master: the zygote that forks workers (server.master.zygote), started now; None when off or impossible here."""
     global _zygote
-    if not settings.zygote:
+    if not settings.zygote or not compat.verified("gunicorn"):  # NOTE: it replaces the arbiter's spawn_worker (compat)
         return None
     from server.master import zygote
     from server.spawn import zygote as template

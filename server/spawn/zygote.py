@@ -9,9 +9,9 @@ Workers still load and warm their models after the fork.
 
 Threads: after these imports the only threads besides the main one are OpenBLAS's
 `blas_thread_server`s (numpy's and scipy's; none when OMP_NUM_THREADS is 1), idle in
-pthread_cond_wait; OpenBLAS's own pthread_atfork handler stops them before a fork (docs/zygote.md
-has the evidence). The zygote refuses to serve unless it is down to its one thread after a first
-fork, so every worker is forked from a single-threaded process.
+pthread_cond_wait; OpenBLAS's own pthread_atfork handler stops them before a fork
+(docs/design.md#the-zygote has the evidence). The zygote refuses to serve unless it is down to
+its one thread after a first fork, so every worker is forked from a single-threaded process.
 """
 
 from __future__ import annotations
