@@ -179,14 +179,18 @@ def _become_worker(arbiter: Any, request: dict[str, Any], heartbeat_fd: int, go_
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()  # NOTE: else every worker draws the zygote's sequence (gunicorn reseeds `random` itself)
-    worker = arbiter.worker_class(request["age"], arbiter.pid, arbiter.LISTENERS, arbiter.app,
-                                  arbiter.timeout / 2.0, arbiter.cfg, arbiter.log)
-    os.dup2(heartbeat_fd, worker.tmp.fileno())  # NOTE: the file the master watches (murder_workers), not the one made here
-    os.close(heartbeat_fd)
-    worker.forkserve_slot = request.get("slot")
-    cpus = request.get("cpus")
-    worker.forkserve_cpus = frozenset(cpus) if cpus is not None else None
-    arbiter.log.reopen_files()  # after a USR1 the master writes to new files; this worker must too
+    try:
+        worker = arbiter.worker_class(request["age"], arbiter.pid, arbiter.LISTENERS, arbiter.app,
+                                      arbiter.timeout / 2.0, arbiter.cfg, arbiter.log)
+        os.dup2(heartbeat_fd, worker.tmp.fileno())  # NOTE: the file the master watches (murder_workers), not the one made here
+        os.close(heartbeat_fd)
+        worker.forkserve_slot = request.get("slot")
+        cpus = request.get("cpus")
+        worker.forkserve_cpus = frozenset(cpus) if cpus is not None else None
+        arbiter.log.reopen_files()  # after a USR1 the master writes to new files; this worker must too
+    except Exception:  # a full temporary directory: this worker exits as one that crashed, and is replaced
+        arbiter.log.exception("forkserve: worker %s could not be made from the zygote", os.getpid())
+        os._exit(1)
     run_worker(arbiter, worker)
 
 
