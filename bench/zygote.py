@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
-import io
 import json
 import os
 import re
