@@ -255,6 +255,8 @@ def pre_fork(server: Any, worker: Any) -> None:
     """
     if _controller is not None:
         _controller.fleet.mark_newborn(worker)
+    if _zygote is None:  # NOTE: with the zygote, its spawn_worker counts who forked (server.master.zygote)
+        _record_zygote("fork", "master")
     if connection_board.BOARD is not None:
         worker.forkserve_slot = connection_board.BOARD.free_slot(
             {w.forkserve_slot for w in server.WORKERS.values() if getattr(w, "forkserve_slot", None) is not None})

@@ -34,7 +34,16 @@ from server.telemetry import measure, metrics
 from server.telemetry.payloads import capture
 
 log = logging.getLogger("forkserve.grpc")
-WORKER_PID = str(os.getpid())  # read once: this package is imported in workers only, after fork
+WORKER_PID = str(os.getpid())  # this worker's pid, for x-forkserve-worker
+
+
+def _take_this_process_pid() -> None:
+    """In a worker forked after this module was imported (the zygote imports it): its own pid, not the zygote's."""
+    global WORKER_PID
+    WORKER_PID = str(os.getpid())
+
+
+os.register_at_fork(after_in_child=_take_this_process_pid)
 
 # The HTTP status REST answers for a failure -> the gRPC status for the same failure.
 STATUS_CODES = {

@@ -172,7 +172,9 @@ def test_zygote_off_forks_every_worker_from_the_master(model_repo: Path, tmp_pat
                    env={"FORKSERVE_ZYGOTE": "0"}).start()
     try:
         assert plain.zygote() is None
-        assert value(samples(plain), "forkserve_worker_forks_total", by="zygote") == 0
+        scrape = samples(plain)
+        assert value(scrape, "forkserve_worker_forks_total", by="zygote") == 0
+        assert value(scrape, "forkserve_worker_forks_total", by="master") == 1
         worker = plain.worker_pids()[0]
         assert "libtensorflow" not in maps(plain.process.pid) and "libtensorflow" in maps(worker)
     finally:
