@@ -205,7 +205,7 @@ def child_exit(server: Any, worker: Any) -> None:
     settings = Settings.current()
     reason = "timeout" if worker.aborted else read_exit_reason(settings.run_dir, worker.pid) or "killed"
     if _controller is not None:
-        _controller.worker_exited(worker.pid, reason)  # NOTE: before its state file goes: where it was loading
+        _controller.worker_exited(worker.pid, reason, worker.age)  # NOTE: before its state file goes: where it was loading
     metrics.record(lambda: metrics.WORKER_EXITS.labels(reason).inc())
     try:
         files.compact_dead_process(settings.metrics_dir, worker.pid)

@@ -160,9 +160,9 @@ class Zygote:
         except ChildProcessError:
             pid, status = self.pid, -1
         if pid:
-            self.pid = 0
+            self.pid = 0  # NOTE: before the fault's stop(): a reaped pid may already be another process's
             if self.state in (STARTING, READY):
-                self._fault("exited", _describe_status(status))
+                self._fault("exited", _describe_status(status), pid)
 
     def stop(self) -> None:
         """Stop the zygote now (the master is stopping, or renewing it); the workers it forked are not touched."""
@@ -249,10 +249,10 @@ class Zygote:
             message = None
         return message if isinstance(message, dict) else {"error": "an unreadable answer"}
 
-    def _fault(self, kind: str, what: str) -> None:
+    def _fault(self, kind: str, what: str, pid: int = 0) -> None:
         """Log the first fault of a run of them, stop this zygote, and restart it after a backoff."""
-        pid = self.pid
-        if kind == "exited" and pid:
+        pid = pid or self.pid
+        if kind == "exited" and pid and pid == self.pid:  # not reaped yet: how did it end?
             what = self._exit_status(pid) or what
         self.stop()
         self.failures += 1
@@ -336,5 +336,21 @@ def install(arbiter: Any, zygote: Zygote) -> None:
         zygote.tend()
         manage_workers()
 
+    stop = arbiter.stop
+
+    def stop_zygote_first(graceful: bool = True) -> None:
+        # NOTE: the zygote holds the listening sockets it hands to workers: while it lives they stay open after
+        # gunicorn closed the master's and the workers closed theirs, and each connection queued meanwhile is reset.
+        zygote.stop()
+        stop(graceful)
+
+    reap = arbiter.reap_workers
+
+    def reap_workers() -> None:
+        zygote.reap()  # NOTE: before gunicorn's waitpid(-1), which would take the zygote for an unknown child
+        reap()
+
     arbiter.spawn_worker = spawn_worker
     arbiter.manage_workers = manage
+    arbiter.stop = stop_zygote_first
+    arbiter.reap_workers = reap_workers

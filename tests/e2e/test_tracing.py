@@ -383,7 +383,8 @@ def test_nginx_passes_the_trace_through_and_can_start_one(sparse: Server, sparse
 
 def test_the_sdk_is_frozen_with_the_loaded_heap(traced: Server) -> None:
     log = traced.log()  # the SDK's imports out of full collections: tracing starts before the freeze
-    assert log.index("exports traces to") < log.index("froze")
+    for pid in traced.worker_pids():
+        assert log.index(f"forkserve worker {pid} exports traces to") < log.index(f"forkserve worker {pid} froze")
 
 
 def test_a_retiring_worker_exports_what_it_still_holds(model_repo: Path, tmp_path: Path) -> None:

@@ -103,11 +103,11 @@ class RolloutController:
             self._reloads_requested += 1  # NOTE: a count, not a flag: a request during a pass is never lost
         self._wake.set()
 
-    def worker_exited(self, pid: int, reason: str) -> None:
+    def worker_exited(self, pid: int, reason: str, age: int = 0) -> None:
         """child_exit, before the worker's state file goes: remember where it was."""
         state = read_worker_states(self.run_dir).get(pid)
         loading = state.loading if state is not None and not state.loaded else None
-        self.exits.record(pid, WorkerExit(reason, loading))
+        self.exits.record(pid, WorkerExit(reason, loading, age))
         if loading is not None and reason != "graceful":
             self._wake.set()
 

@@ -213,7 +213,14 @@ class RollingRestart:
         deadline = time.monotonic() + self.knobs.boot_timeout
         new_pid: int | None = None
         state: WorkerState | None = None
+        born_after = self.fleet.newest_age(before)
         while not self.stopping.is_set():
+            # NOTE: a worker forked by the zygote can load, die and be replaced by gunicorn between two looks:
+            # its exit (child_exit, with its age) says so, even when only its replacement is alive now.
+            dead = self.exits.dead_since(born_after) if born_after else []
+            if dead:
+                return Outcome(WORKER_LOST, self._describe_exit(dead[0], state if dead[0] == new_pid else None),
+                               pid=dead[0]), False
             pids = self.fleet.pids()
             if new_pid is None:
                 fresh = set(pids) - before

@@ -23,6 +23,11 @@ class ExitLog:
         with self._lock:
             return self._exits.get(pid)
 
+    def dead_since(self, age: int) -> list[int]:
+        """Workers forked after the one of age `age` that died (any way but a graceful stop), not yet counted."""
+        with self._lock:
+            return sorted(pid for pid, gone in self._exits.items() if gone.age > age and gone.reason != "graceful")
+
     def take(self) -> dict[int, WorkerExit]:
         """Every exit recorded since the last take."""
         with self._lock:

@@ -36,6 +36,7 @@ class WorkerExit:
 
     reason: str  # "graceful", "timeout" (gunicorn's heartbeat) or "killed"
     loading: VersionKey | None
+    age: int = 0  # gunicorn's fork count when it was forked: which rollout step forked it (0: unknown)
 
 
 class Step(enum.Enum):

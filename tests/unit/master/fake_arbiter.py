@@ -79,12 +79,16 @@ class FakeArbiter:
         self.controller = None  # set by the test: child_exit's call goes to it
         self.exits: list[tuple[int, str]] = []
         self.report_loading = True  # False: workers hang (HANG) before naming a version, as in importing TensorFlow
+        self.wakeup_delay = 0.0  # seconds before the main loop takes a wakeup (gunicorn's forks come from its loop)
         self._pids = itertools.count(1000)
         self._ages = itertools.count(1)
         self._lock = threading.RLock()
 
     def wakeup(self) -> None:
-        self.manage_workers()
+        if self.wakeup_delay:
+            threading.Timer(self.wakeup_delay, self.manage_workers).start()
+        else:
+            self.manage_workers()
 
     def manage_workers(self) -> None:
         """Fork up to num_workers; stop the lowest ages beyond it (gracefully)."""
@@ -106,11 +110,12 @@ class FakeArbiter:
     def reap(self, pid: int, reason: str) -> None:
         """The worker is gone: as reap_workers + child_exit do it, then gunicorn respawns up to the count."""
         with self._lock:
-            if self.WORKERS.pop(pid, None) is None:
+            worker = self.WORKERS.pop(pid, None)
+            if worker is None:
                 return
         self.exits.append((pid, reason))
         if self.controller is not None:
-            self.controller.worker_exited(pid, reason)
+            self.controller.worker_exited(pid, reason, worker.age)
         remove_worker_state(self.run_dir, pid)
         self.manage_workers()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import dataclasses
 import os
 import shutil
@@ -107,6 +109,20 @@ def test_a_new_worker_killed_while_loading_is_retried_and_the_count_restored(fx:
     assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
     assert fx.arbiter.num_workers == WORKERS and len(fx.arbiter.WORKERS) == WORKERS
     assert [reason for _, reason in fx.arbiter.exits].count("killed") == 1
+
+
+def test_a_new_worker_that_dies_and_is_replaced_between_two_looks_is_still_a_lost_try(
+        fx: Fixture, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker from the zygote loads in tenths of a second: it can die and be respawned within one 0.2 s look."""
+    deaths = iter([DIE])
+    fx.arbiter.boot = lambda pid, target: next(deaths, None) or serve_intended(pid, target)
+    fx.arbiter.wakeup_delay = 0.05  # forked after the rollout's first look; dead and replaced before its second
+    with caplog.at_level(logging.WARNING, "forkserve.rollout"):
+        add_version(fx.models, "a", 2)
+        fx.settle()
+    dead = next(pid for pid, reason in fx.arbiter.exits if reason == "killed")
+    assert any(f"try 1 of 3: new worker {dead} exited" in r.getMessage() for r in caplog.records), caplog.text
+    assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
 
 
 def dies_loading(model: str, version: int, run_dir: Path):
