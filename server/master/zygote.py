@@ -161,6 +161,8 @@ class Zygote:
             pid, status = self.pid, -1
         if pid:
             self.pid = 0  # NOTE: before the fault's stop(): a reaped pid may already be another process's
+            if self.state == STARTING:
+                self._take_report(0.0)  # its last word (why it could not import) is still in the channel
             if self.state in (STARTING, READY):
                 self._fault("exited", _describe_status(status), pid)
 

@@ -86,6 +86,19 @@ def test_an_import_failure_is_logged_once_and_retried_with_a_growing_backoff(mad
     assert zygote.record.events == [("fault", "import_failed")] * 2
 
 
+def test_an_import_failure_reaped_before_its_report_was_read_is_still_an_import_failure(made: Any) -> None:
+    zygote = made(cannot_import)
+    zygote.start()
+    wait_until(lambda: _exited(zygote.pid), 10, "its exit")
+    zygote.reap()  # SIGCHLD first, as gunicorn's loop may take it before the channel is read
+    assert zygote.state == WAITING and zygote.record.events == [("fault", "import_failed")]
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child `pid` is a zombie now (exited, not yet reaped)."""
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def test_a_zygote_that_hangs_while_importing_is_killed_at_its_deadline(made: Any) -> None:
     zygote = made(hangs_importing, start_timeout=0.5)
     zygote.start()
