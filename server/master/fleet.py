@@ -76,9 +76,10 @@ class Fleet:
         if threshold is not None and worker.age > threshold:
             worker.age = RETIRING_AGE
 
-    def newest_age(self, pids: set[int]) -> int:
-        """The highest age among `pids` (gunicorn counts forks): a worker older than it was forked after them."""
-        return max((worker.age for pid, worker in self._workers() if pid in pids), default=0)
+    def forks_so_far(self) -> int:
+        """gunicorn's fork count now (its workers' ages count forks): a worker of a higher age is forked after this."""
+        age = getattr(self.arbiter, "worker_age", None)
+        return age if isinstance(age, int) else max((worker.age for _, worker in self._workers()), default=0)
 
     def withdrawn(self, before: set[int]) -> list[int]:
         """After a withdrawal: workers started since `before` that are still there (a late-forked one too)."""

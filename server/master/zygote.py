@@ -136,14 +136,18 @@ class Zygote:
             go_read = -1
             answer = self._receive(self.fork_timeout)
             if answer is None:
-                self._fault("fork_timeout", f"no answer to a fork request in {self.fork_timeout:g} s")
+                if self.state == READY:  # else it closed the channel: _receive counted that fault
+                    self._fault("fork_timeout", f"no answer to a fork request in {self.fork_timeout:g} s")
                 return None  # NOTE: go_write closes unwritten: a worker it forked late exits before it serves
             pid = answer.get("pid")
             if not isinstance(pid, int) or pid <= 0:
                 log.warning("forkserve: the zygote could not fork a worker (%s); the master forks it", answer.get("error"))
                 return None
             take(pid)
-            os.write(go_write, b"1")
+            try:
+                os.write(go_write, b"1")
+            except OSError:
+                pass  # NOTE: it died waiting (OOM, a SIGTERM to the whole group): registered, so gunicorn reaps it
             self.record("fork", "zygote")
             return pid
         finally:
@@ -171,14 +175,23 @@ class Zygote:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
-        if self.pid:
+        if self.pid and self._still_ours(self.pid):
             try:
                 os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
-            self.pid = 0
+        self.pid = 0
         self._set_state(OFF)
+
+    @staticmethod
+    def _still_ours(pid: int) -> bool:
+        """Whether `pid` is still our unreaped child (alive or a zombie): waitid without reaping it."""
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # gunicorn's waitpid(-1) reaped it: the pid may be another process's by now
+            return False
+        return True
 
     def close_in_child(self) -> None:
         """In a worker the master forks itself: drop the zygote's channel."""
@@ -274,7 +287,8 @@ class Zygote:
         while time.monotonic() < deadline:
             try:
                 done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
+            except ChildProcessError:  # gunicorn's waitpid(-1) took it: never signal that pid again
+                self.pid = 0
                 return None
             if done:
                 self.pid = 0

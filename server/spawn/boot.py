@@ -27,9 +27,11 @@ def run_worker(arbiter: Any, worker: Any) -> NoReturn:
     except BaseException:  # NOTE: never unwind into the zygote's loop or the master's: this process ends here
         code = 1
     status = 0 if code is None else code if isinstance(code, int) else 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status & 0xFF)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:  # NOTE: a closed or broken stdout must not unwind this worker into the master's loop
+        os._exit(status & 0xFF)
 
 
 def _boot(arbiter: Any, worker: Any) -> None:

@@ -17,13 +17,16 @@ its one thread after a first fork, so every worker is forked from a single-threa
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import gc
 import importlib
 import json
 import os
+import random
 import select
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -47,7 +50,9 @@ def serve(arbiter: Any, channel: socket.socket, master_pid: int, modules: tuple[
     try:
         _WORKER_NAME = _read_name()
         _become_zygote(arbiter, master_pid)
-        os.environ.update(environment)  # NOTE: before the imports: OpenMP, oneDNN and OpenBLAS read them once, at load
+        # NOTE: before the imports (OpenMP, oneDNN and OpenBLAS read them once, at load); gunicorn's --env wins, as it
+        # did when each worker set these in post_fork and init_process applied --env after them
+        os.environ.update({k: v for k, v in environment.items() if k not in (arbiter.cfg.env or {})})
         started = time.monotonic()
         try:
             for name in modules:
@@ -100,6 +105,23 @@ def _become_zygote(arbiter: Any, master_pid: int) -> None:
     for worker in list(arbiter.WORKERS.values()):
         worker.tmp.close()  # the master's heartbeat files of workers alive now: no new worker may hold them
     arbiter.WORKERS = {}
+    _close_files_being_read()
+
+
+def _close_files_being_read() -> None:
+    """Close the regular files open read-only at the fork: what the master's rollout thread was reading then.
+
+    NOTE: a model file the scanner was digesting, say; held here (and by every worker forked from here) it
+    would keep a deleted version's disk space for the zygote's life. Logs, the metric files and heartbeat
+    files are open for writing, and sockets are not regular files: they stay.
+    """
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+                os.close(fd)
+        except OSError:
+            continue  # the directory's own descriptor, already closed by the listing
 
 
 def _prctl(option: int, value: Any) -> None:
@@ -180,6 +202,7 @@ def _become_worker(arbiter: Any, request: dict[str, Any], heartbeat_fd: int, go_
     if numpy is not None:
         numpy.random.seed()  # NOTE: else every worker draws the zygote's sequence (gunicorn reseeds `random` itself)
     try:
+        random.seed()  # NOTE: before Worker.__init__ draws max_requests' jitter: else every worker draws the zygote's
         worker = arbiter.worker_class(request["age"], arbiter.pid, arbiter.LISTENERS, arbiter.app,
                                       arbiter.timeout / 2.0, arbiter.cfg, arbiter.log)
         os.dup2(heartbeat_fd, worker.tmp.fileno())  # NOTE: the file the master watches (murder_workers), not the one made here

@@ -171,9 +171,10 @@ class RollingRestart:
 
     def _replace(self, old_pid: int, target: Target) -> Outcome:
         """One more worker; once it serves the target, retire `old_pid`, else withdraw it."""
+        born_after = self.fleet.forks_so_far()
         before = self.fleet.add_worker()
         try:
-            outcome, loaded = self._await_new_worker(before, target)
+            outcome, loaded = self._await_new_worker(before, target, born_after)
         except BaseException:  # NOTE: never leave the extra worker behind (the count stays raised for ever)
             self.fleet.withdraw(before, kill=True)
             self.fleet.end_withdrawal()
@@ -208,12 +209,11 @@ class RollingRestart:
             self.fleet.kill(left)
             self.fleet.wait_gone(left, 10)
 
-    def _await_new_worker(self, before: set[int], target: Target) -> tuple[Outcome, bool]:
+    def _await_new_worker(self, before: set[int], target: Target, born_after: int = 0) -> tuple[Outcome, bool]:
         """Wait for the worker forked after `before`: (outcome, whether it finished loading)."""
         deadline = time.monotonic() + self.knobs.boot_timeout
         new_pid: int | None = None
         state: WorkerState | None = None
-        born_after = self.fleet.newest_age(before)
         while not self.stopping.is_set():
             # NOTE: a worker forked by the zygote can load, die and be replaced by gunicorn between two looks:
             # its exit (child_exit, with its age) says so, even when only its replacement is alive now.
