@@ -97,7 +97,7 @@ class Fleet:
             pending &= set(self.pids())
             if not pending or time.monotonic() >= deadline:
                 return sorted(pending)
-            time.sleep(0.1)
+            time.sleep(0.05)
 
     def kill(self, pids: Iterable[int]) -> None:
         """SIGKILL workers that did not stop when asked."""

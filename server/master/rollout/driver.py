@@ -30,6 +30,7 @@ from server.master.strikes import VersionKey
 from server.state import WorkerState, read_worker_states
 from server.target import Target
 
+LOOK_INTERVAL = 0.05  # seconds between looks at a new worker's state file: one from the zygote is ready in ~0.8 s
 log = logging.getLogger("forkserve.rollout")
 
 
@@ -238,7 +239,7 @@ class RollingRestart:
                 where = f" (loading {state.loading[0]} version {state.loading[1]})" if state and state.loading else ""
                 return Outcome(WORKER_LOST, f"new worker {new_pid} was not ready within "
                                             f"{self.knobs.boot_timeout:.0f}s{where}", pid=new_pid), False
-            time.sleep(0.2)
+            time.sleep(LOOK_INTERVAL)
         return Outcome(WORKER_LOST, "the master is stopping"), False
 
     def _describe_exit(self, pid: int, state: WorkerState | None) -> str:

@@ -108,7 +108,8 @@ def test_a_new_worker_killed_while_loading_is_retried_and_the_count_restored(fx:
     assert read_failed(fx.run_dir) == {}  # a death is not the version's fault, once
     assert fx.serving() == [{"a": [2], "b": [4]}] * WORKERS
     assert fx.arbiter.num_workers == WORKERS and len(fx.arbiter.WORKERS) == WORKERS
-    assert [reason for _, reason in fx.arbiter.exits].count("killed") == 1
+    # The victim, and gunicorn's replacement for it when the withdrawal finds that one still loading (killed too).
+    assert 1 <= [reason for _, reason in fx.arbiter.exits].count("killed") <= 2
 
 
 def test_a_new_worker_that_dies_and_is_replaced_between_two_looks_is_still_a_lost_try(
