@@ -274,25 +274,36 @@ def replace_one(server: Server) -> dict[str, Any]:
             "readyz": server.get("/readyz").status_code}
 
 
-def restart_part(work: Path, rounds: int) -> tuple[dict[str, Any], str]:
-    """Part 1: `rounds` SIGKILLs per side, the sides alternating, both servers up at once."""
-    conditions = Conditions()
-    servers = {side: demo_server(work, side) for side in SIDES}
+def interleaved_rounds(servers: dict[str, Server], rounds: int, step: Any, describe: Any) -> tuple[dict, dict, dict]:
+    """Start both servers, run `step(side, round)` on each side per round (the first side alternating), stop them.
+
+    Returns the runs per side, the fork counts and the warnings each server logged.
+    """
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     try:
         start_all(servers)
-        time.sleep(3)
+        time.sleep(3)  # NOTE: settle after the start, not a wait for readiness (start_all waits for that)
         for round_number in range(rounds):
             for side in order(round_number):
-                run = replace_one(servers[side])
+                run = step(side, round_number)
                 runs[side].append(run)
-                print(f"restart round {round_number + 1} {side:3s} fork {run['fork_s'] * 1000:6.1f} ms "
-                      f"ready {run['ready_s']:6.2f} s /readyz {run['readyz']}", flush=True)
+                print(f"round {round_number + 1} {describe({**run, 'side': side})}", flush=True)
                 time.sleep(2)
         counted = {side: forks(server) for side, server in servers.items()}
         logged = {side: warnings(server) for side, server in servers.items()}
     finally:
         stop_all(servers)
+    return runs, counted, logged
+
+
+def restart_part(work: Path, rounds: int) -> tuple[dict[str, Any], str]:
+    """Part 1: `rounds` SIGKILLs per side, the sides alternating, both servers up at once."""
+    conditions = Conditions()
+    servers = {side: demo_server(work, side) for side in SIDES}
+    runs, counted, logged = interleaved_rounds(
+        servers, rounds, lambda side, _: replace_one(servers[side]),
+        lambda run: f"restart {run['side']:3s} fork {run['fork_s'] * 1000:6.1f} ms ready {run['ready_s']:6.2f} s "
+                    f"/readyz {run['readyz']}")
     raw = {"runs": runs, "forks": counted, "warnings": logged, "conditions": conditions.finish()}
     lines = ["| zygote | kill -> replacement forked, ms | kill -> replacement loaded and ready, s | /readyz after | "
              "forks by zygote / master (whole run) |", "|---|---|---|---|---|"]
@@ -429,21 +440,10 @@ def publish_part(work: Path, rounds: int, poll_interval: str) -> tuple[dict[str,
         shutil.copytree(DEMO, repository)
     servers = {side: demo_server(work, side, models_dir=repositories[side], env={"FORKSERVE_POLL_INTERVAL": poll_interval})
                for side in SIDES}
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-    try:
-        start_all(servers)
-        time.sleep(3)
-        for round_number in range(rounds):
-            for side in order(round_number):
-                run = publish_once(servers[side], repositories[side] / "digits", 3 + round_number)
-                runs[side].append(run)
-                print(f"publish round {round_number + 1} {side:3s} v{run['version']} {run['publish']} "
-                      f"status {run['status_versions']} | removed {run['remove']}", flush=True)
-                time.sleep(2)
-        counted = {side: forks(server) for side, server in servers.items()}
-        logged = {side: warnings(server) for side, server in servers.items()}
-    finally:
-        stop_all(servers)
+    runs, counted, logged = interleaved_rounds(
+        servers, rounds, lambda side, round_number: publish_once(servers[side], repositories[side] / "digits", 3 + round_number),
+        lambda run: f"publish {run['side']:3s} v{run['version']} {run['publish']} status {run['status_versions']} "
+                    f"| removed {run['remove']}")
     raw = {"runs": runs, "forks": counted, "warnings": logged, "poll_interval": poll_interval,
            "conditions": conditions.finish()}
     return raw, publish_table(runs, counted, raw)

@@ -62,6 +62,24 @@ def fake_worker() -> SimpleNamespace:
     return SimpleNamespace(age=1, forkserve_slot=None, forkserve_cpus=None, tmp=tempfile.TemporaryFile())
 
 
+def renew_while_the_master_loops(zygote: Zygote) -> bool:
+    """renew() from this thread while another plays the master's loop, which tends the zygote at each pass."""
+    done = threading.Event()
+
+    def main_loop() -> None:
+        while not done.is_set():
+            zygote.tend()
+            time.sleep(0.02)
+
+    loop = threading.Thread(target=main_loop)
+    loop.start()
+    try:
+        return zygote.renew(10)
+    finally:
+        done.set()
+        loop.join()
+
+
 def test_a_zygote_that_reports_ready_is_ready(made: Any) -> None:
     zygote = made(ready_then_silent)
     zygote.start()
@@ -141,39 +159,13 @@ def test_renew_replaces_a_ready_zygote_from_another_thread(made: Any) -> None:
     zygote.start()
     zygote.wait_ready(10, interrupted=lambda: False)
     old = zygote.pid
-    done = threading.Event()
-
-    def main_loop() -> None:  # the master's loop, which tends the zygote at each pass
-        while not done.is_set():
-            zygote.tend()
-            time.sleep(0.02)
-
-    loop = threading.Thread(target=main_loop)
-    loop.start()
-    try:
-        assert zygote.renew(10)
-    finally:
-        done.set()
-        loop.join()
+    assert renew_while_the_master_loops(zygote)
     assert zygote.pid != old and zygote.state == READY and not pid_alive(old)
 
 
 def test_renew_answers_false_when_the_new_zygote_cannot_start(made: Any) -> None:
     zygote = made(cannot_import)
-    done = threading.Event()
-
-    def main_loop() -> None:
-        while not done.is_set():
-            zygote.tend()
-            time.sleep(0.02)
-
-    loop = threading.Thread(target=main_loop)
-    loop.start()
-    try:
-        assert zygote.renew(10) is False
-    finally:
-        done.set()
-        loop.join()
+    assert renew_while_the_master_loops(zygote) is False
     assert zygote.state == WAITING
 
 
